@@ -1,0 +1,46 @@
+# Set-up and checks. `make serve` and `make test` build .venv first when it is missing or stale.
+VENV := .venv
+PY := $(VENV)/bin/python
+READY := $(VENV)/.acs-ready
+HOME_DIR ?= $(HOME)/.local/share/vllm-acs
+TINY_MODEL ?= $(HOME_DIR)/models/tiny-llama
+PORT ?= 8000
+
+.PHONY: venv serve test lint unit e2e bench clean
+
+venv: $(READY)
+
+$(READY): setup.py scripts/bootstrap-venv.sh
+	bash scripts/bootstrap-venv.sh
+
+lint: $(READY)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(READY) lint
+	$(PY) -m pytest
+
+unit: $(READY)
+	$(PY) -m pytest tests/unit
+
+e2e: $(READY)
+	$(PY) -m pytest tests/e2e
+
+serve: $(READY)
+	$(VENV)/bin/vllm-acs tiny-model $(TINY_MODEL)
+	@echo
+	@echo "Starting a vllm_acs node on http://127.0.0.1:$(PORT) (tiny model, embedded SQLite)."
+	@echo "When it says 'Application startup complete', try:"
+	@echo "  curl http://127.0.0.1:$(PORT)/v1/models"
+	@echo "  curl http://127.0.0.1:$(PORT)/v1/completions -H 'Content-Type: application/json' \\"
+	@echo "       -d '{\"model\": \"tiny-llama\", \"prompt\": \"The sky is\", \"max_tokens\": 8}'"
+	@echo
+	VLLM_ACS_MODEL_ID=$${VLLM_ACS_MODEL_ID:-tiny-llama} $(VENV)/bin/vllm-acs serve $(TINY_MODEL) \
+		--served-model-name vllm-acs/tiny-llama --host 127.0.0.1 --port $(PORT) \
+		--enforce-eager --max-model-len 2048
+
+bench: $(READY)
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Benchmarks: one measurement per module, each a ratio measured in one run (`make bench`)."""

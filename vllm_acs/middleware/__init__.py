@@ -1,0 +1,1 @@
+"""Pure-ASGI middleware of the API server process, one class per module."""

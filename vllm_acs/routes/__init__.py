@@ -1,0 +1,1 @@
+"""FastAPI routers of the API server process, one package per feature."""

@@ -1,0 +1,73 @@
+"""Builds what /v1/models says from the node's `ServedModel`s, and those from vLLM's config.
+
+API server process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...served_model import ServedModel, short_id_for
+from ...settings import Settings
+from .protocol import ModelCapabilities, ModelCard, ModelList
+
+
+def model_card(model: ServedModel) -> ModelCard:
+    return ModelCard(
+        id=model.id,
+        created=model.created,
+        served_model_name=model.checkpoint,
+        default=model.default,
+        gpu_shape=model.gpu_shape,
+        capabilities=ModelCapabilities(
+            max_model_len=model.max_model_len,
+            max_logprobs=model.max_logprobs,
+            logprobs=True,
+            prompt_logprobs=True,
+            prompt_logprobs_full_vocab=model.full_vocab_max_prompt_tokens > 0,
+            full_vocab_max_prompt_tokens=model.full_vocab_max_prompt_tokens,
+        ),
+    )
+
+
+def model_list(models: list[ServedModel]) -> ModelList:
+    return ModelList(data=[model_card(m) for m in models])
+
+
+def detect_gpu_shape(vllm_config: Any) -> str:
+    """`cpu` on the CPU build; `<n>x<device name>` on accelerators (e.g. `1xNVIDIA H200`)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return "cpu"
+    world = vllm_config.parallel_config.world_size
+    try:
+        name = current_platform.get_device_name()
+    except Exception:  # some platforms cannot name the device before a worker owns it
+        name = current_platform.device_name
+    return f"{world}x{name}"
+
+
+def served_model_from_engine(
+    model_config: Any, vllm_config: Any, settings: Settings
+) -> ServedModel:
+    """The model as clients see it, from vLLM's ModelConfig and the plugin's settings.
+
+    vLLM's own `max_logprobs` bounds what the plugin can promise: -1 there means the whole
+    vocabulary, which full-vocab prompt logprobs need.
+    """
+    checkpoint = model_config.served_model_name
+    if isinstance(checkpoint, list):
+        checkpoint = checkpoint[0]
+    vocab = model_config.get_vocab_size()
+    engine_cap = vocab if model_config.max_logprobs == -1 else model_config.max_logprobs
+    return ServedModel(
+        id=settings.model_id or short_id_for(checkpoint),
+        checkpoint=checkpoint,
+        max_model_len=model_config.max_model_len,
+        max_logprobs=min(settings.max_logprobs, engine_cap),
+        gpu_shape=settings.gpu_shape or detect_gpu_shape(vllm_config),
+        full_vocab_max_prompt_tokens=settings.full_vocab_max_prompt_tokens
+        if engine_cap >= vocab
+        else 0,
+    )

@@ -1,0 +1,52 @@
+"""What this node serves, as clients see it: the short id, the checkpoint and its limits.
+
+A leaf module (no vLLM, no FastAPI): the API server builds one `ServedModel` from vLLM's model
+config at start-up, and the middleware and routes read it through `NodeModels`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    id: str  # the short id clients send
+    checkpoint: str  # vLLM's served model name; the `model` of every response
+    max_model_len: int
+    max_logprobs: int
+    gpu_shape: str
+    full_vocab_max_prompt_tokens: int
+    default: bool = True
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def short_id_for(checkpoint: str) -> str:
+    """A short id from a checkpoint name or path: its last part, lower-case, e.g. `llama-3.1-8b`."""
+    last = checkpoint.rstrip("/").rsplit("/", 1)[-1]
+    cleaned = re.sub(r"[^a-z0-9._-]+", "-", last.lower()).strip("-")
+    return cleaned or "model"
+
+
+class NodeModels:
+    """The models of this node, filled once the engine is up (before the first request)."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, ServedModel] = {}
+
+    def register(self, model: ServedModel) -> None:
+        self._models[model.id] = model
+
+    def all(self) -> list[ServedModel]:
+        return list(self._models.values())
+
+    def get(self, model_id: str) -> ServedModel | None:
+        return self._models.get(model_id)
+
+    def default(self) -> ServedModel | None:
+        return next((m for m in self._models.values() if m.default), None)
+
+    def by_checkpoint(self, name: str) -> ServedModel | None:
+        return next((m for m in self._models.values() if m.checkpoint == name), None)

@@ -1,0 +1,92 @@
+"""The one reader of the plugin's configuration, in every process that loads it.
+
+Sources, strongest first: vLLM's `--additional-config '{"acs": {...}}'`, then `VLLM_ACS_*`
+environment variables, then the defaults below. A leaf module: it imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "VLLM_ACS_"
+ADDITIONAL_CONFIG_KEY = "acs"
+
+
+class SettingsError(ValueError):
+    """A setting has a value the plugin cannot use; the message names the setting."""
+
+
+def _default_home() -> Path:
+    return Path(os.path.expanduser("~/.local/share/vllm-acs"))
+
+
+@dataclass(frozen=True)
+class Settings:
+    # The short id clients send as `model` (e.g. `llama-8b`); default: derived from the checkpoint.
+    model_id: str | None = None
+    # The operator's description of the hardware (`X-Acs-Upstream-Gpu`, `gpu_shape` in /v1/models);
+    # default: detected from vLLM's platform when the server starts.
+    gpu_shape: str | None = None
+    home: Path = field(default_factory=_default_home)
+    # Default: SQLite under `home`.
+    database_url: str | None = None
+    # The cap on a positive `logprobs` / `prompt_logprobs`: `capabilities.max_logprobs`.
+    max_logprobs: int = 100
+    full_vocab_max_prompt_tokens: int = 256
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite+aiosqlite:///{self.home / 'vllm-acs.sqlite3'}"
+
+    @classmethod
+    def load(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        additional_config: Mapping[str, Any] | None = None,
+    ) -> Settings:
+        """Reads the environment and vLLM's additional config into one validated object."""
+        environ = os.environ if environ is None else environ
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for name in fields:
+            raw = environ.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw != "":
+                values[name] = raw
+        overrides = (additional_config or {}).get(ADDITIONAL_CONFIG_KEY) or {}
+        if not isinstance(overrides, Mapping):
+            raise SettingsError(
+                f'--additional-config "{ADDITIONAL_CONFIG_KEY}" must be an object of settings'
+            )
+        unknown = sorted(set(overrides) - set(fields))
+        if unknown:
+            raise SettingsError(
+                f"unknown vllm_acs setting(s) in --additional-config: {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(fields))}"
+            )
+        values.update(overrides)
+        return cls(**{name: _coerce(name, fields[name], value) for name, value in values.items()})
+
+
+def _coerce(name: str, spec: dataclasses.Field, value: Any) -> Any:
+    kind = str(spec.type)
+    where = f"{ENV_PREFIX}{name.upper()} / additional_config.{ADDITIONAL_CONFIG_KEY}.{name}"
+    if kind.startswith("int"):
+        if isinstance(value, bool):
+            raise SettingsError(f"{where} must be an integer, got {value!r}")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{where} must be an integer, got {value!r}") from None
+        if number < 0:
+            raise SettingsError(f"{where} must not be negative, got {number}")
+        return number
+    if kind.startswith("Path"):
+        return Path(os.path.expanduser(str(value)))
+    if not isinstance(value, str) or not value.strip():
+        raise SettingsError(f"{where} must be a non-empty string, got {value!r}")
+    return value.strip()

@@ -1,0 +1,1 @@
+"""Storage: accounts, keys, budgets, usage (SQLAlchemy; grows here)."""
