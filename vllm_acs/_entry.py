@@ -33,11 +33,15 @@ def _configure_logging() -> None:
 def register_general() -> None:
     """`vllm.general_plugins`: runs once per process, in every vLLM process. Idempotent.
 
-    The worker-side hooks (capture, steering) are installed from here once they exist.
+    Installs the capture and steering hooks (`hooks/compat.py`): they patch vLLM's worker and
+    request classes when those are imported, and refuse unsupported vLLM versions here.
     """
     global _general_registered
     if _general_registered:
         return
+    from .hooks.compat import install
+
+    install()
     _general_registered = True
     logger.debug("vllm_acs general plugin registered")
 
@@ -54,21 +58,36 @@ class AcsEndpointPlugin:
         self.models = NodeModels()
 
     def attach_router(self, app: FastAPI) -> None:
-        from .middleware.model_routing import ModelRoutingMiddleware
+        from starlette.middleware.gzip import GZipMiddleware
+
+        from . import __version__
+        from .middleware.body_limit import BodyLimitMiddleware
+        from .middleware.completion_rewrite import CompletionRewriteMiddleware
+        from .middleware.error_envelope import ErrorEnvelopeMiddleware
         from .middleware.request_id import RequestIdMiddleware
+        from .middleware.route_gate import RouteGateMiddleware
+        from .middleware.strict_validation import StrictValidationMiddleware
         from .routes.models.api_router import build_router
+        from .routes.openapi import build_openapi
         from .settings import Settings
 
         _configure_logging()
         # Read the settings now so that a bad one stops the server before it serves anything.
-        Settings.load(additional_config=_additional_config(app.state.args))
+        settings = Settings.load(additional_config=_additional_config(app.state.args))
         app.include_router(build_router(self.models))
+        document = build_openapi(settings, __version__)
+        app.openapi = lambda: document  # type: ignore[method-assign]
         # add_middleware puts each new one outside the previous: innermost first.
-        app.add_middleware(ModelRoutingMiddleware, models=self.models)
+        app.add_middleware(CompletionRewriteMiddleware)
+        app.add_middleware(StrictValidationMiddleware, models=self.models, settings=settings)
+        app.add_middleware(RouteGateMiddleware)
+        app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.body_limit_bytes)
+        app.add_middleware(ErrorEnvelopeMiddleware)
+        app.add_middleware(GZipMiddleware, minimum_size=500)
         app.add_middleware(RequestIdMiddleware)
 
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
-        from .routes.models.service import served_model_from_engine
+        from .routes.models.service import served_model_from_engine, tokenizer_of
         from .settings import Settings
 
         if engine_client is None:
@@ -77,7 +96,7 @@ class AcsEndpointPlugin:
         served = served_model_from_engine(
             engine_client.model_config, engine_client.vllm_config, settings
         )
-        self.models.register(served)
+        self.models.register(served, tokenizer_of(engine_client))
         state.acs_settings = settings
         state.acs_models = self.models
         logger.info(

@@ -24,10 +24,13 @@ class AcsError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
+        details: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        # Extra fields of the error object where the spec tags some (e.g. `upstream_status`).
+        self.details: dict[str, Any] = dict(details or {})
         if code is not None:
             self.code = code  # type: ignore[misc]  # per-instance refinement of the class code
         self.headers: dict[str, str] = dict(headers or {})
@@ -65,6 +68,96 @@ class InternalError(AcsError):
         self.headers.setdefault("x-should-retry", "false")
 
 
+class BadJson(InvalidRequest):
+    code = "bad_json"
+
+
+class UnknownModel(InvalidRequest):
+    """A completion naming a model this deployment does not serve (400, unlike GET's 404)."""
+
+    code = "model_not_found"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class FullVocabPromptTooLong(InvalidRequest):
+    code = "full_vocab_prompt_too_long"
+
+
+class ChatCompletionsUnsupported(InvalidRequest):
+    code = "chat_completions_unsupported"
+
+
+class DeadlineInfeasible(InvalidRequest):
+    code = "deadline_infeasible"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("x-should-retry", "false")
+
+
+class RequestTooLarge(AcsError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("x-should-retry", "false")
+
+
+class UpstreamError(AcsError):
+    """An error of the inference engine (vLLM), passed on under the spec's code for it."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_server_error"
+    retry_after_s: ClassVar[int | None] = None
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers["x-acs-upstream-error-kind"] = self.code
+        if self.retry_after_s is None:
+            self.headers.setdefault("x-should-retry", "false")
+        else:
+            self.headers["retry-after"] = str(self.retry_after_s)
+            self.headers["retry-after-ms"] = str(self.retry_after_s * 1000)
+
+
+class VllmInvalidRequest(UpstreamError):
+    status = 400
+    type = "invalid_request_error"
+    code = "vllm_invalid_request"
+
+
+class VllmContextLength(UpstreamError):
+    status = 400
+    type = "invalid_request_error"
+    code = "vllm_context_length"
+
+
+class VllmEngineDead(UpstreamError):
+    code = "vllm_engine_dead"
+    retry_after_s = 10
+
+
+class VllmOom(UpstreamError):
+    code = "vllm_oom"
+    retry_after_s = 5
+
+
+class UpstreamServerError(UpstreamError):
+    code = "upstream_server_error"
+
+
+class UpstreamBusy(UpstreamServerError):
+    """The engine said the request may be retried (vLLM's 503)."""
+
+    retry_after_s = 2
+
+
 def error_body(error: AcsError, request_id: str | None) -> dict[str, Any]:
     """The JSON body of an error answer."""
     return {
@@ -73,6 +166,61 @@ def error_body(error: AcsError, request_id: str | None) -> dict[str, Any]:
             "type": error.type,
             "param": error.param,
             "code": error.code,
+            **error.details,
         },
         "request_id": request_id,
     }
+
+
+class Unauthorized(AcsError):
+    """401: no usable credentials. `code` is one of the spec's 401 codes."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class ScopeDenied(AcsError):
+    status = 403
+    type = "permission_error"
+    code = "scope_denied"
+
+
+class BudgetExceeded(AcsError):
+    """429 a retry cannot fix: no Retry-After, `x-should-retry: false`; names the budget."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "budget_exceeded"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("x-should-retry", "false")
+
+
+class SpendCap(AcsError):
+    status = 429
+    type = "rate_limit_error"
+    code = "spend_cap"
+
+    def __init__(
+        self, message: str = "This account is paused by the operator (spend cap).", **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("retry-after", "3600")
+        self.headers.setdefault("retry-after-ms", "3600000")
+        self.headers.setdefault("x-should-retry", "false")
+
+
+class TrafficLimited(AcsError):
+    """429 queue_full or rate_limited: retryable after `retry_after_ms`."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_ms: int, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        retry_after_ms = max(1, retry_after_ms)
+        self.headers.setdefault("retry-after", str(-(-retry_after_ms // 1000)))
+        self.headers.setdefault("retry-after-ms", str(retry_after_ms))

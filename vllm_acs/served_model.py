@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -19,6 +20,7 @@ class ServedModel:
     max_logprobs: int
     gpu_shape: str
     full_vocab_max_prompt_tokens: int
+    vocab_size: int = 0
     default: bool = True
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -30,14 +32,24 @@ def short_id_for(checkpoint: str) -> str:
     return cleaned or "model"
 
 
+# (text, add_special_tokens) -> token ids, with the tokenizer vLLM itself uses for the model.
+Tokenize = Callable[[str, bool], list[int]]
+
+
 class NodeModels:
     """The models of this node, filled once the engine is up (before the first request)."""
 
     def __init__(self) -> None:
         self._models: dict[str, ServedModel] = {}
+        self._tokenizers: dict[str, Tokenize] = {}
 
-    def register(self, model: ServedModel) -> None:
+    def register(self, model: ServedModel, tokenize: Tokenize | None = None) -> None:
         self._models[model.id] = model
+        if tokenize is not None:
+            self._tokenizers[model.id] = tokenize
+
+    def tokenizer(self, model_id: str) -> Tokenize:
+        return self._tokenizers[model_id]
 
     def all(self) -> list[ServedModel]:
         return list(self._models.values())

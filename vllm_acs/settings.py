@@ -38,6 +38,27 @@ class Settings:
     # The cap on a positive `logprobs` / `prompt_logprobs`: `capabilities.max_logprobs`.
     max_logprobs: int = 100
     full_vocab_max_prompt_tokens: int = 256
+    # Shared counters (slots, starts, holds) across processes and nodes; unset: embedded, one
+    # API process only.
+    redis_url: str | None = None
+    # Every Redis key of this deployment starts with it, so deployments can share one Redis.
+    redis_prefix: str = "acs"
+    # Per-key traffic limits when the key sets none.
+    default_max_running: int = 16
+    default_max_waiting: int = 64
+    default_starts_per_minute: int = 600
+    # How long a slot or a hold outlives the process holding it (the holder renews it).
+    lease_ms: int = 30_000
+    # Full-vocabulary prompt logprobs together with an activation capture.
+    full_vocab_max_prompt_tokens_with_capture: int = 16
+    # The /v1/completions contract (shared/spec/DECISIONS.md): each an operator default.
+    body_limit_bytes: int = 8 * 1024 * 1024
+    max_output_work: int = 32000  # prompt_count x n x max_tokens
+    default_max_tokens: int = 32000  # injected for one prompt with n = 1
+    deadline_max_tokens: int = 15600  # the most a request without `stream` may ask for
+    # Where workers write capture files for the API server to read (activations/store.py);
+    # unset: /dev/shm/vllm-acs. Every process of one deployment on a host must agree.
+    capture_dir: Path | None = None
 
     @property
     def resolved_database_url(self) -> str:

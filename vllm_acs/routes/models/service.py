@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...served_model import ServedModel, short_id_for
+from ...served_model import ServedModel, Tokenize, short_id_for
 from ...settings import Settings
 from .protocol import ModelCapabilities, ModelCard, ModelList
 
@@ -70,4 +70,15 @@ def served_model_from_engine(
         full_vocab_max_prompt_tokens=settings.full_vocab_max_prompt_tokens
         if engine_cap >= vocab
         else 0,
+        vocab_size=vocab,
     )
+
+
+def tokenizer_of(engine_client: Any) -> Tokenize:
+    """Counts tokens with the very tokenizer vLLM uses for the model."""
+    tokenizer = engine_client.get_tokenizer()
+
+    def tokenize(text: str, add_special_tokens: bool) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    return tokenize

@@ -1,0 +1,145 @@
+"""The strict pydantic model of a POST /v1/completions body, and its errors in the spec's words.
+
+API server process. `extra="forbid"` and strict types: unknown fields, booleans or strings in
+numeric fields and out-of-range values are refused; a JSON integer is accepted for a float.
+Checks that need the model or the tokenizer live in `completion_rules.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
+
+from ..errors import InvalidRequest
+
+SEED_MAX = 2**63 - 1
+
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+PROMPT_SCHEMA = {
+    "description": "Text, a batch of texts, token ids, or a batch of token-id lists. Empty lists "
+    "and mixed lists are refused; the empty string is accepted (BOS only).",
+    "oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        _TOKEN_IDS,
+        {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
+    ],
+}
+TOP_K_SCHEMA = {"oneOf": [{"type": "integer", "enum": [-1]}, {"type": "integer", "minimum": 1}]}
+STOP_SCHEMA = {
+    "oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+    ]
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, title="CompletionRequest")
+
+    model: str | None = Field(None, description="Short id from GET /v1/models; default if omitted")
+    prompt: Annotated[Any, WithJsonSchema(PROMPT_SCHEMA)]
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    n: Annotated[int, Field(ge=1, le=16)] = 1
+    stop: Annotated[str | list[str] | None, WithJsonSchema(STOP_SCHEMA)] = None
+    temperature: Annotated[float, Field(ge=0, le=100)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int | None, WithJsonSchema(TOP_K_SCHEMA)] = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=2)] | None = None
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=100)] | None = None
+    prompt_logprobs: Annotated[int, Field(ge=-1, le=100)] | None = None
+    echo: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    add_special_tokens: bool = True
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_is_minus_one_or_positive(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and value < 1:
+            raise ValueError("must be -1 (disabled) or at least 1")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > 4:
+            raise ValueError(f"must hold at most 4 strings, got {len(value)}")
+        return value
+
+
+def parse_completion_request(data: Any) -> CompletionRequest:
+    """The validated request, or `InvalidRequest` naming the first offending field."""
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    try:
+        return CompletionRequest.model_validate(data)
+    except ValidationError as exc:
+        raise _invalid_request(exc) from None
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    # Union members show up in `loc` as type tags ("str", "list[str]"): not part of the path.
+    parts = [str(p) for p in loc if isinstance(p, int) or not _is_type_tag(str(p))]
+    return ".".join(parts) or "body"
+
+
+def _is_type_tag(part: str) -> bool:
+    return part in {"str", "int", "float", "bool", "list", "dict", "none"} or any(
+        c in part for c in "[-("
+    )
+
+
+_TYPE_WORDS = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "a boolean (true or false)",
+    "string_type": "a string",
+    "list_type": "a list",
+    "model_type": "an object",
+    "dict_type": "an object",
+}
+
+
+def _invalid_request(exc: ValidationError) -> InvalidRequest:
+    errors = exc.errors()
+    # A union reports one error per member; a bound or rule error says more than a type error.
+    error = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
+    field = _field_path(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return InvalidRequest(f"Unknown field '{field}'.", param=field)
+    if kind == "missing":
+        return InvalidRequest(f"Missing required field '{field}'.", param=field)
+    if kind in _TYPE_WORDS:
+        expected = _TYPE_WORDS[kind]
+        if kind.endswith("_type") and len({e["type"] for e in errors}) > 1:
+            expected = "one of the documented types"
+        return InvalidRequest(f"Invalid type for '{field}': expected {expected}.", param=field)
+    rule = error.get("ctx", {}).get("error")
+    if rule is not None:  # one of this module's validators: its message already says enough
+        return InvalidRequest(f"Invalid value for '{field}': {rule}.", param=field)
+    message = error["msg"]
+    return InvalidRequest(
+        f"Invalid value for '{field}': {message[0].lower() + message[1:]}, "
+        f"got {_short(error.get('input'))}.",
+        param=field,
+    )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,169 @@
+"""The /v1/completions rules that need the model, the tokenizer or several fields at once.
+
+API server process. `validate_completion` turns a parsed JSON body into a `ValidatedCompletion`
+or raises the spec's error; the order of the checks decides which error a client sees first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import (
+    ContextLengthExceeded,
+    DeadlineInfeasible,
+    FullVocabPromptTooLong,
+    InvalidRequest,
+    UnknownModel,
+)
+from ..served_model import NodeModels, ServedModel
+from ..settings import Settings
+from .completion_request import CompletionRequest, parse_completion_request
+from .prompts import PromptBatch, parse_prompt
+from .validated import ValidatedCompletion
+
+# Fields that never go to vLLM as the client sent them: the Rewrite stage sets them.
+_REWRITTEN = {"model", "max_tokens"}
+
+
+def resolve_model(request: CompletionRequest, models: NodeModels) -> ServedModel:
+    if request.model is None:
+        served = models.default()
+        if served is None:
+            raise UnknownModel("No default model is being served.", param="model")
+        return served
+    served = models.get(request.model)
+    if served is None:
+        known = ", ".join(m.id for m in models.all())
+        raise UnknownModel(
+            f"The model '{request.model}' does not exist. Use a short id from GET /v1/models: "
+            f"{known}.",
+            param="model",
+        )
+    return served
+
+
+def _check_streaming_fields(request: CompletionRequest) -> None:
+    if request.stream_options is not None and not request.stream:
+        raise InvalidRequest(
+            "'stream_options' is accepted only together with 'stream': true.",
+            param="stream_options",
+        )
+    if request.stream and request.prompt_logprobs not in (None, 0):
+        raise InvalidRequest(
+            "'prompt_logprobs' other than 0 is not available with 'stream': true; prompt "
+            "logprobs come back only in the non-streaming body.",
+            param="prompt_logprobs",
+        )
+
+
+def _check_logprobs(request: CompletionRequest, model: ServedModel) -> None:
+    if request.logprobs is not None and request.logprobs > model.max_logprobs:
+        raise InvalidRequest(
+            f"'logprobs' may be at most {model.max_logprobs} for this model "
+            f"(capabilities.max_logprobs), got {request.logprobs}.",
+            param="logprobs",
+        )
+    if request.prompt_logprobs is not None and request.prompt_logprobs > model.max_logprobs:
+        raise InvalidRequest(
+            f"'prompt_logprobs' may be at most {model.max_logprobs} for this model "
+            f"(capabilities.max_logprobs), got {request.prompt_logprobs}.",
+            param="prompt_logprobs",
+        )
+
+
+def _check_full_vocab(request: CompletionRequest, model: ServedModel, prompts: PromptBatch) -> None:
+    if request.prompt_logprobs != -1:
+        return
+    cap = model.full_vocab_max_prompt_tokens
+    if cap == 0:
+        raise InvalidRequest(
+            "'prompt_logprobs': -1 (the full vocabulary) is not available on this model "
+            "(capabilities.prompt_logprobs_full_vocab is false).",
+            param="prompt_logprobs",
+        )
+    counted = prompts.total_tokens * request.n
+    if counted > cap:
+        raise FullVocabPromptTooLong(
+            f"'prompt_logprobs': -1 allows at most {cap} prompt tokens x n per request "
+            f"(capabilities.full_vocab_max_prompt_tokens); this request has {counted}. "
+            "Use a fixed top-k instead.",
+            param="prompt_logprobs",
+        )
+
+
+def _max_tokens(
+    request: CompletionRequest, model: ServedModel, prompts: PromptBatch, settings: Settings
+) -> tuple[int, int, str]:
+    """(requested, applied, source): the client's value or the injected default, and what the
+    deadline rule leaves of it."""
+    if request.max_tokens is not None:
+        if not request.stream and request.max_tokens > settings.deadline_max_tokens:
+            raise DeadlineInfeasible(
+                f"'max_tokens' of {request.max_tokens} cannot finish inside the request window "
+                f"without streaming: ask for at most {settings.deadline_max_tokens}, or send "
+                "'stream': true.",
+                param="max_tokens",
+            )
+        return request.max_tokens, request.max_tokens, "client"
+    if prompts.count != 1 or request.n != 1:
+        raise InvalidRequest(
+            "'max_tokens' is required when the request has several prompts or n > 1.",
+            param="max_tokens",
+        )
+    room = model.max_model_len - prompts.total_tokens
+    if room < 1:
+        raise _context_length(model, prompts.total_tokens, 1)
+    injected = min(settings.default_max_tokens, room)
+    applied = injected if request.stream else min(injected, settings.deadline_max_tokens)
+    return injected, applied, "default"
+
+
+def _context_length(
+    model: ServedModel, prompt_tokens: int, max_tokens: int
+) -> ContextLengthExceeded:
+    return ContextLengthExceeded(
+        f"This model's maximum context length is {model.max_model_len} tokens; the request asks "
+        f"for {prompt_tokens + max_tokens} ({prompt_tokens} in the prompt, {max_tokens} to "
+        "generate). Shorten the prompt or lower max_tokens.",
+        param="prompt",
+    )
+
+
+def validate_completion(data: Any, models: NodeModels, settings: Settings) -> ValidatedCompletion:
+    """The request as the rest of the pipeline sees it, or the error the client gets."""
+    request = parse_completion_request(data)
+    model = resolve_model(request, models)
+    _check_streaming_fields(request)
+    prompts = parse_prompt(
+        request.prompt, models.tokenizer(model.id), request.add_special_tokens, model.vocab_size
+    )
+    requested, max_tokens, source = _max_tokens(request, model, prompts, settings)
+    work = prompts.count * request.n * max_tokens
+    if work > settings.max_output_work:
+        raise InvalidRequest(
+            f"prompt_count x n x max_tokens = {prompts.count} x {request.n} x {max_tokens} = "
+            f"{work} exceeds the per-request cap of {settings.max_output_work} output tokens.",
+            param="max_tokens",
+        )
+    _check_logprobs(request, model)
+    _check_full_vocab(request, model, prompts)
+    longest = max(len(ids) for ids in prompts.token_ids)
+    if longest + max_tokens > model.max_model_len:
+        raise _context_length(model, longest, max_tokens)
+
+    fields = request.model_dump(exclude_unset=True, exclude=_REWRITTEN)
+    if prompts.has_empty_text and all(prompts.token_ids):
+        # vLLM refuses "" although it means BOS alone: send what it tokenizes to instead.
+        fields["prompt"] = prompts.as_token_ids()
+    validated = ValidatedCompletion(
+        model=model,
+        fields=fields,
+        prompt_count=prompts.count,
+        prompt_tokens=prompts.total_tokens,
+        n=request.n,
+        max_tokens=requested,
+        max_tokens_source=source,  # type: ignore[arg-type]
+        stream=request.stream,
+    )
+    validated.clamp(max_tokens, "deadline")
+    return validated

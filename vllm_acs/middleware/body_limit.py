@@ -1,0 +1,60 @@
+"""BodyLimitMiddleware: a /v1 body over the limit is refused (413 request_too_large), unread.
+
+API server process. A declared Content-Length over the limit is refused before any byte is read;
+a chunked body is counted as it arrives and refused as soon as it passes the limit.
+"""
+
+from __future__ import annotations
+
+from ..errors import RequestTooLarge
+from .asgi import ASGIApp, Message, Receive, Scope, Send, header, send_error
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, limit_bytes: int, prefix: str = "/v1/") -> None:
+        self.app = app
+        self.limit = limit_bytes
+        self.prefix = prefix
+
+    def _error(self) -> RequestTooLarge:
+        return RequestTooLarge(
+            f"The request body is larger than {self.limit} bytes. Send fewer or shorter prompts."
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
+            await self.app(scope, receive, send)
+            return
+        declared = header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await send_error(scope, send, self._error())
+            return
+
+        received = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _TooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _TooLarge:
+            if started:
+                raise
+            await send_error(scope, send, self._error())

@@ -1,0 +1,57 @@
+"""CompletionRewriteMiddleware: turns a ValidatedCompletion into the body vLLM's route receives.
+
+API server process, the innermost stage in front of vLLM. The short model id becomes the
+checkpoint and `max_tokens` is the admitted value. Every answer of the route carries
+`X-Acs-Upstream-Model` / `-Gpu`, and `X-Acs-Max-Tokens-Clamped` when max_tokens was lowered.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
+from .asgi import ASGIApp, Message, Receive, Scope, Send, replay_body, with_header
+
+
+def vllm_body(validated: ValidatedCompletion) -> bytes:
+    body = {
+        **validated.fields,
+        "model": validated.model.checkpoint,
+        "max_tokens": validated.max_tokens,
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def completion_headers(validated: ValidatedCompletion) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (b"x-acs-upstream-model", validated.model.checkpoint.encode()),
+        (b"x-acs-upstream-gpu", validated.model.gpu_shape.encode()),
+    ]
+    clamp = validated.clamp_header()
+    if clamp is not None:
+        headers.append((b"x-acs-max-tokens-clamped", clamp.encode()))
+    return headers
+
+
+class CompletionRewriteMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        validated = scope.get("state", {}).get(VALIDATED_COMPLETION_KEY)
+        if scope["type"] != "http" or validated is None:
+            await self.app(scope, receive, send)
+            return
+        body = vllm_body(validated)
+        scope = with_header(scope, b"content-length", str(len(body)).encode())
+        scope = with_header(scope, b"content-type", b"application/json")
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                extra = completion_headers(validated)
+                names = {name for name, _ in extra}
+                kept = [(k, v) for k, v in message.get("headers", ()) if k.lower() not in names]
+                message = {**message, "headers": kept + extra}
+            await send(message)
+
+        await self.app(scope, replay_body(body, receive), send_with_headers)

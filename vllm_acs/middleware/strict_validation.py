@@ -1,0 +1,56 @@
+"""StrictValidationMiddleware: POST /v1/completions bodies are checked against the contract first.
+
+API server process. It reads the (already size-limited) body, answers the spec's 400s, and hands
+the rest of the pipeline a `ValidatedCompletion` on `scope["state"]`; vLLM never receives a body
+that failed here. Long prompts are tokenized off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from ..contract.completion_rules import validate_completion
+from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
+from ..errors import AcsError, BadJson
+from ..served_model import NodeModels
+from ..settings import Settings
+from .asgi import ASGIApp, Receive, Scope, Send, header, read_body, send_error
+
+COMPLETIONS_PATH = "/v1/completions"
+# Bodies above this are validated in a worker thread: tokenizing them would stall other requests.
+_INLINE_LIMIT_BYTES = 16 * 1024
+
+
+class StrictValidationMiddleware:
+    def __init__(self, app: ASGIApp, models: NodeModels, settings: Settings) -> None:
+        self.app = app
+        self.models = models
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"] == COMPLETIONS_PATH
+        ):
+            await self.app(scope, receive, send)
+            return
+        body = await read_body(receive)
+        try:
+            validated = await self._validate(body)
+        except AcsError as error:
+            await send_error(scope, send, error)
+            return
+        validated.workload = header(scope, b"x-acs-workload")
+        scope.setdefault("state", {})[VALIDATED_COMPLETION_KEY] = validated
+        await self.app(scope, receive, send)
+
+    async def _validate(self, body: bytes) -> ValidatedCompletion:
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise BadJson("The request body is not valid JSON.") from None
+        if len(body) <= _INLINE_LIMIT_BYTES:
+            return validate_completion(data, self.models, self.settings)
+        return await asyncio.to_thread(validate_completion, data, self.models, self.settings)

@@ -1,0 +1,228 @@
+"""/openapi.json: the public surface (/v1/* and /health) as the plugin really serves it.
+
+API server process. Built from the same pydantic models the validation uses, so the documented
+bounds are the enforced ones; every operation lists its error statuses with the envelope schema
+and the X-Acs-* / Retry-After headers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..contract.completion_request import CompletionRequest
+from ..settings import Settings
+from .models.protocol import ModelCard, ModelList
+
+_REF = "#/components/schemas/{model}"
+
+ERROR_ENVELOPE = {
+    "type": "object",
+    "required": ["error", "request_id"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string", "description": "The spec's error code"},
+            },
+        },
+        "request_id": {"type": "string", "description": "Equals the X-Request-Id header"},
+    },
+}
+
+COMPLETION = {
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string", "enum": ["text_completion"]},
+        "created": {"type": "integer"},
+        "model": {"type": "string", "description": "The checkpoint that served the request"},
+        "choices": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["index", "text"],
+                "properties": {
+                    "index": {"type": "integer"},
+                    "text": {"type": "string"},
+                    "finish_reason": {"type": ["string", "null"]},
+                    "stop_reason": {"type": ["string", "integer", "null"]},
+                    "logprobs": {"type": ["object", "null"]},
+                    "prompt_logprobs": {"type": ["array", "null"]},
+                },
+            },
+        },
+        "usage": {
+            "type": ["object", "null"],
+            "properties": {
+                "prompt_tokens": {"type": "integer"},
+                "completion_tokens": {"type": "integer"},
+                "total_tokens": {"type": "integer"},
+            },
+        },
+    },
+}
+
+HEADERS: dict[str, dict[str, Any]] = {
+    "X-Request-Id": {
+        "description": "The request's trace id (the client's when 1-64 of [A-Za-z0-9_-])",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+    },
+    "X-Acs-Upstream-Model": {"description": "The checkpoint", "schema": {"type": "string"}},
+    "X-Acs-Upstream-Gpu": {"description": "The operator's gpu_shape", "schema": {"type": "string"}},
+    "X-Acs-Upstream-Error-Kind": {
+        "description": "Mirrors error.code on engine errors",
+        "schema": {"type": "string"},
+    },
+    "X-Acs-Max-Tokens-Clamped": {
+        "description": "requested=N,applied=M,reason=budget|deadline|deadline+budget,"
+        "source=client|default",
+        "schema": {"type": "string"},
+    },
+    "Retry-After": {"description": "Seconds before a retry", "schema": {"type": "string"}},
+    "retry-after-ms": {"description": "Milliseconds before a retry", "schema": {"type": "string"}},
+    "x-should-retry": {
+        "description": "false: resending cannot fix it",
+        "schema": {"type": "string"},
+    },
+}
+
+_ERROR_TEXT = {
+    400: "Invalid request (invalid_request, bad_json, model_not_found, context_length_exceeded, "
+    "deadline_infeasible, full_vocab_prompt_too_long, chat_completions_unsupported, "
+    "vllm_invalid_request, vllm_context_length)",
+    404: "Unknown route or id",
+    413: "request_too_large",
+    500: "internal_error",
+    502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error)",
+}
+
+
+def _headers(*names: str) -> dict[str, Any]:
+    return {name: {"$ref": f"#/components/headers/{name}"} for name in ("X-Request-Id", *names)}
+
+
+def _error(status: int, *headers: str) -> dict[str, Any]:
+    return {
+        "description": _ERROR_TEXT[status],
+        "headers": _headers(*headers),
+        "content": {"application/json": {"schema": {"$ref": _REF.format(model="ErrorEnvelope")}}},
+    }
+
+
+def _json(description: str, schema_name: str, *headers: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "headers": _headers(*headers),
+        "content": {"application/json": {"schema": {"$ref": _REF.format(model=schema_name)}}},
+    }
+
+
+def _completions_operation() -> dict[str, Any]:
+    upstream = ("X-Acs-Upstream-Model", "X-Acs-Upstream-Gpu")
+    ok = _json("A completion", "Completion", *upstream, "X-Acs-Max-Tokens-Clamped")
+    ok["content"]["text/event-stream"] = {
+        "schema": {"type": "string", "description": "SSE chunks ending with data: [DONE]"}
+    }
+    return {
+        "operationId": "createCompletion",
+        "summary": "Generate continuations of a prompt",
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": _REF.format(model="CompletionRequest")}}
+            },
+        },
+        "parameters": [
+            {
+                "name": "X-Acs-Workload",
+                "in": "header",
+                "required": False,
+                "description": "interactive | batch: recorded in the usage log, changes nothing",
+                "schema": {"type": "string"},
+            }
+        ],
+        "responses": {
+            "200": ok,
+            "400": _error(400, *upstream, "X-Acs-Upstream-Error-Kind", "x-should-retry"),
+            "413": _error(413, "x-should-retry"),
+            "500": _error(500, "x-should-retry"),
+            "502": _error(
+                502,
+                *upstream,
+                "X-Acs-Upstream-Error-Kind",
+                "Retry-After",
+                "retry-after-ms",
+                "x-should-retry",
+            ),
+        },
+    }
+
+
+def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
+    schemas = CompletionRequest.model_json_schema(ref_template=_REF)
+    components: dict[str, Any] = {"CompletionRequest": schemas}
+    components.update(schemas.pop("$defs", {}))
+    for model in (ModelList, ModelCard):
+        schema = model.model_json_schema(ref_template=_REF)
+        components.update(schema.pop("$defs", {}))
+        components[model.__name__] = schema
+    components["ErrorEnvelope"] = ERROR_ENVELOPE
+    components["Completion"] = COMPLETION
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "vllm_acs research API",
+            "version": version,
+            "description": f"Bodies above {settings.body_limit_bytes} bytes are refused (413).",
+        },
+        "paths": {
+            "/v1/completions": {"post": _completions_operation()},
+            "/v1/chat/completions": {
+                "post": {
+                    "operationId": "chatCompletionsUnsupported",
+                    "summary": "Not supported: always 400 chat_completions_unsupported",
+                    "responses": {"400": _error(400), "413": _error(413), "500": _error(500)},
+                }
+            },
+            "/v1/models": {
+                "get": {
+                    "operationId": "listModels",
+                    "responses": {"200": _json("The models", "ModelList"), "500": _error(500)},
+                }
+            },
+            "/v1/models/{model_id}": {
+                "get": {
+                    "operationId": "getModel",
+                    "parameters": [
+                        {
+                            "name": "model_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {
+                        "200": _json("One model", "ModelCard"),
+                        "404": _error(404),
+                        "500": _error(500),
+                    },
+                }
+            },
+            "/health": {
+                "get": {
+                    "operationId": "health",
+                    "responses": {
+                        "200": {"description": "The engine is up"},
+                        "503": {"description": "The engine is down"},
+                    },
+                }
+            },
+        },
+        "components": {"schemas": components, "headers": HEADERS},
+    }
