@@ -17,6 +17,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_acs", "vllm_acs.*"]),
     include_package_data=True,
+    package_data={"vllm_acs.storage": ["redis_scripts/*.lua", "migrations/script.py.mako"]},
     install_requires=[
         "fastapi>=0.110",
         "pydantic>=2.6",
@@ -47,6 +48,9 @@ setup(
     entry_points={
         "vllm.general_plugins": ["acs = vllm_acs._entry:register_general"],
         "vllm.endpoint_plugins": ["acs = vllm_acs._entry:AcsEndpointPlugin"],
+        "vllm.logits_processors": [
+            "acs_temperature = vllm_acs.hooks.temperature:HighTemperatureLogitsProcessor"
+        ],
         "console_scripts": ["vllm-acs = vllm_acs.cli:main"],
     },
 )

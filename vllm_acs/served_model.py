@@ -21,6 +21,9 @@ class ServedModel:
     gpu_shape: str
     full_vocab_max_prompt_tokens: int
     vocab_size: int = 0
+    # Temperatures above vLLM's cap of 2 need the plugin's logits processor, which vLLM does not
+    # load under speculative decoding.
+    high_temperature: bool = True
     default: bool = True
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -103,27 +103,17 @@ def test_echo_puts_the_prompt_in_front(openai_client, model_id):
     assert result.choices[0].text == PROMPT + greedy(openai_client, model_id, PROMPT, 3)
 
 
-def test_n_with_two_prompts_orders_choices_prompt_major(openai_client, model_id, tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+def test_n_with_two_prompts_orders_choices_prompt_major(openai_client, model_id):
     prompts = ["The sky is", "Numbers like"]
     result = openai_client.completions.create(
-        model=model_id,
-        prompt=prompts,
-        max_tokens=4,
-        n=2,
-        seed=7,
-        extra_body={"return_token_ids": True},
+        model=model_id, prompt=prompts, max_tokens=4, n=2, seed=7, echo=True
     )
     assert [c.index for c in result.choices] == [0, 1, 2, 3]
-    # Choice p*n + i belongs to prompt p: each choice names the prompt tokens it continued.
+    # Choice p*n + i belongs to prompt p: with echo, each choice starts with its prompt.
     for p, prompt in enumerate(prompts):
-        expected_ids = tokenizer(prompt)["input_ids"]
         for i in range(2):
-            assert result.choices[p * 2 + i].model_extra["prompt_token_ids"] == expected_ids
+            assert result.choices[p * 2 + i].text.startswith(prompt)
     assert result.usage.completion_tokens == 16
-    assert result.usage.prompt_tokens == sum(len(tokenizer(p)["input_ids"]) for p in prompts)
 
 
 def test_token_id_prompt_matches_the_text_prompt(openai_client, model_id, tiny_model_dir):

@@ -20,11 +20,14 @@ def test_transformers_greedy_next_token_equals_vllm(openai_client, model_id, tin
         assert ids[0] == tokenizer.bos_token_id
         with torch.no_grad():
             expected = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        # vLLM scores the prompt followed by transformers' pick: rank 1 means vLLM's greedy
+        # next token is the same id (compared as ids, so partial UTF-8 tokens are no trouble).
         result = openai_client.completions.create(
             model=model_id,
-            prompt=prompt,
+            prompt=[*ids, expected],
             max_tokens=1,
             temperature=0,
-            extra_body={"return_token_ids": True},
+            extra_body={"prompt_logprobs": 1},
         )
-        assert result.choices[0].model_extra["token_ids"] == [expected], prompt
+        last = result.choices[0].model_extra["prompt_logprobs"][-1]
+        assert last[str(expected)]["rank"] == 1, prompt

@@ -21,6 +21,10 @@ from .completion_request import CompletionRequest, parse_completion_request
 from .prompts import PromptBatch, parse_prompt
 from .validated import ValidatedCompletion
 
+# vLLM's own cap, and the `vllm_xargs` key that hooks/temperature.py reads for the rest.
+ENGINE_MAX_TEMPERATURE = 2.0
+TEMPERATURE_SCALE_ARG = "acs_temperature_scale"
+
 # Fields that never go to vLLM as the client sent them: the Rewrite stage sets them.
 _REWRITTEN = {"model", "max_tokens"}
 
@@ -91,6 +95,22 @@ def _check_full_vocab(request: CompletionRequest, model: ServedModel, prompts: P
         )
 
 
+def _high_temperature(
+    request: CompletionRequest, model: ServedModel, fields: dict[str, Any]
+) -> dict[str, Any]:
+    """vLLM refuses temperatures above 2: it gets 2, the worker divides the logits by the rest."""
+    if request.temperature is None or request.temperature <= ENGINE_MAX_TEMPERATURE:
+        return {}
+    if not model.high_temperature:
+        raise InvalidRequest(
+            f"'temperature' above {ENGINE_MAX_TEMPERATURE:g} is not available on this deployment "
+            "(speculative decoding is on).",
+            param="temperature",
+        )
+    fields["temperature"] = ENGINE_MAX_TEMPERATURE
+    return {TEMPERATURE_SCALE_ARG: request.temperature / ENGINE_MAX_TEMPERATURE}
+
+
 def _max_tokens(
     request: CompletionRequest, model: ServedModel, prompts: PromptBatch, settings: Settings
 ) -> tuple[int, int, str]:
@@ -152,6 +172,7 @@ def validate_completion(data: Any, models: NodeModels, settings: Settings) -> Va
         raise _context_length(model, longest, max_tokens)
 
     fields = request.model_dump(exclude_unset=True, exclude=_REWRITTEN)
+    engine_args = _high_temperature(request, model, fields)
     if prompts.has_empty_text and all(prompts.token_ids):
         # vLLM refuses "" although it means BOS alone: send what it tokenizes to instead.
         fields["prompt"] = prompts.as_token_ids()
@@ -164,6 +185,7 @@ def validate_completion(data: Any, models: NodeModels, settings: Settings) -> Va
         max_tokens=requested,
         max_tokens_source=source,  # type: ignore[arg-type]
         stream=request.stream,
+        engine_args=engine_args,
     )
     validated.clamp(max_tokens, "deadline")
     return validated

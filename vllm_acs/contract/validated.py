@@ -29,6 +29,8 @@ class ValidatedCompletion:
     max_tokens_source: Literal["client", "default"]
     stream: bool
     workload: str | None = None
+    # Extra per-request values for the worker side (vLLM's `vllm_xargs`): numbers and strings.
+    engine_args: dict[str, Any] = field(default_factory=dict)
     requested_max_tokens: int = 0
     clamp_reasons: list[str] = field(default_factory=list)
 

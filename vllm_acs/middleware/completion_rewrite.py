@@ -19,6 +19,8 @@ def vllm_body(validated: ValidatedCompletion) -> bytes:
         "model": validated.model.checkpoint,
         "max_tokens": validated.max_tokens,
     }
+    if validated.engine_args:
+        body["vllm_xargs"] = validated.engine_args
     return json.dumps(body, separators=(",", ":")).encode()
 
 

@@ -71,6 +71,7 @@ def served_model_from_engine(
         if engine_cap >= vocab
         else 0,
         vocab_size=vocab,
+        high_temperature=getattr(vllm_config, "speculative_config", None) is None,
     )
 
 
