@@ -1,4 +1,4 @@
-"""`vllm-acs`: the operator's command line (serve, tiny-model).
+"""`vllm-acs`: the operator's command line (serve, tiny-model, accounts, keys, usage, db).
 
 Runs in the operator's shell. Each subcommand imports what it needs only when it runs, so
 `vllm-acs --help` is fast and works without vLLM.
@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tiny.add_argument("directory")
     tiny.set_defaults(handler=_tiny_model)
+
+    from .operator_commands import add_operator_commands
+
+    add_operator_commands(sub)
     return parser
 
 

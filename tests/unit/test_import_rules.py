@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vllm_acs"
-LEAVES = {"vllm_acs.errors", "vllm_acs.settings", "vllm_acs.states", "vllm_acs.served_model"}
+LEAVES = {
+    "vllm_acs.errors",
+    "vllm_acs.settings",
+    "vllm_acs.states",
+    "vllm_acs.served_model",
+    "vllm_acs.principal",
+}
+# The pluggy extension points and the built-in key plugin run in the API server, framework-free.
+PLUGIN_MODULES = {"vllm_acs.hookspecs", "vllm_acs.plugins", "vllm_acs.key_auth"}
 
 
 def _module_name(path: Path) -> str:
@@ -46,6 +54,11 @@ def _top(name: str) -> str:
     return name.split(".")[0]
 
 
+def _in(module: str, package: str) -> bool:
+    # Not a bare prefix test: `vllm_acs.hookspecs` is not inside `vllm_acs.hooks`.
+    return module == package or module.startswith(package + ".")
+
+
 def _project(names: set[str]) -> set[str]:
     return {n for n in names if n.startswith("vllm_acs.")}
 
@@ -67,23 +80,53 @@ def _violations(path: Path) -> list[str]:
 
     if module in LEAVES:
         found.extend(f"{module} (a leaf) imports {n}" for n in inside if n != module)
-    if module.startswith("vllm_acs.storage"):
+    if _in(module, "vllm_acs.storage"):
+        forbid_third_party("fastapi", "starlette", "torch", "vllm")
+        # storage imports only the leaves (and itself)
+        found.extend(
+            f"{module} imports {n}"
+            for n in inside
+            if not _in(n, "vllm_acs.storage") and not any(_in(n, leaf) for leaf in LEAVES)
+        )
+    if module in PLUGIN_MODULES:
         forbid_third_party("fastapi", "starlette", "torch", "vllm")
         forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks")
-    if module.startswith("vllm_acs.middleware"):
+    if _in(module, "vllm_acs.middleware"):
         forbid_third_party("torch", "vllm")
         forbid_project("vllm_acs.routes", "vllm_acs.hooks")
-    if module.startswith("vllm_acs.hooks"):
+    if _in(module, "vllm_acs.hooks"):
         forbid_third_party("fastapi", "starlette", "sqlalchemy", "redis")
         forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.storage")
-    if module.startswith("vllm_acs.routes"):
+    if _in(module, "vllm_acs.routes"):
         forbid_project("vllm_acs.middleware", "vllm_acs.hooks")
+    if _in(module, "vllm_acs.activations") or module == "vllm_acs.client":
+        # Shared by the API server, the workers and users: numpy and the standard library, and
+        # of the project only the leaves and activations itself.
+        forbid_third_party("fastapi", "starlette", "sqlalchemy", "redis", "vllm", "torch")
+        found.extend(
+            f"{module} imports {n}"
+            for n in inside
+            if not _in(n, "vllm_acs.activations") and not any(_in(n, leaf) for leaf in LEAVES)
+        )
     return found
 
 
 @pytest.mark.parametrize("path", _files(), ids=lambda p: str(p.relative_to(PACKAGE.parent)))
 def test_module_follows_the_import_rules(path: Path):
     assert _violations(path) == []
+
+
+def test_the_checker_sees_an_activations_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fake_package = tmp_path / "vllm_acs"
+    (fake_package / "activations").mkdir(parents=True)
+    bad = fake_package / "activations" / "bad.py"
+    bad.write_text("import torch\nfrom ..hooks import compat\n")
+    monkeypatch.setitem(globals(), "PACKAGE", fake_package)
+    assert sorted(_violations(bad)) == [
+        "vllm_acs.activations.bad imports torch",
+        "vllm_acs.activations.bad imports vllm_acs.hooks",
+        "vllm_acs.activations.bad imports vllm_acs.hooks.compat",
+    ]
 
 
 def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -96,4 +139,16 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "vllm_acs.middleware.bad imports torch",
         "vllm_acs.middleware.bad imports vllm_acs.routes.models",
         "vllm_acs.middleware.bad imports vllm_acs.routes.models.service",
+    ]
+
+
+def test_storage_may_import_only_leaves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fake_package = tmp_path / "vllm_acs"
+    (fake_package / "storage").mkdir(parents=True)
+    bad = fake_package / "storage" / "bad.py"
+    bad.write_text("from ..principal import Principal\nfrom ..key_auth import KeyAuthPlugin\n")
+    monkeypatch.setitem(globals(), "PACKAGE", fake_package)
+    assert sorted(_violations(bad)) == [
+        "vllm_acs.storage.bad imports vllm_acs.key_auth",
+        "vllm_acs.storage.bad imports vllm_acs.key_auth.KeyAuthPlugin",
     ]

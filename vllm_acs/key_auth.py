@@ -1,0 +1,96 @@
+"""The built-in `acs_authenticate` plugin: a Bearer `acs-bm-` key checked against the database.
+
+API server process. One indexed query per request and no cache, so a pause, a revoke or an
+account suspension counts on the next request on every node. The secret is compared as a hash in
+constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from .errors import Unauthorized
+from .hookspecs import hookimpl
+from .principal import KeyLimits, Principal
+from .settings import Settings
+from .storage.api_key_secret import looks_like_secret, secret_matches, visible_prefix
+from .storage.api_keys import KeyRepository, KeyWithAccount
+
+logger = logging.getLogger(__name__)
+
+_REFUSALS = {
+    "revoked": ("key_revoked", "This API key has been revoked."),
+    "paused": ("key_disabled", "This API key is paused."),
+}
+_ACCOUNT_REFUSALS = {
+    "suspended": ("account_suspended", "The account of this API key is suspended."),
+    "pending": ("account_not_approved", "The account of this API key is not approved yet."),
+}
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def principal_for(found: KeyWithAccount, settings: Settings) -> Principal:
+    key = found.key
+    return Principal(
+        key_id=key.id,
+        key_prefix=key.prefix,
+        account_id=key.account_id,
+        scopes=frozenset(key.scopes),
+        limits=KeyLimits(
+            monthly_tokens=key.monthly_tokens,
+            daily_tokens=key.daily_tokens,
+            monthly_input_tokens=key.monthly_input_tokens,
+            monthly_output_tokens=key.monthly_output_tokens,
+            account_monthly_tokens=found.account_monthly_tokens,
+            max_running=_or(key.max_running, settings.default_max_running),
+            max_waiting=_or(key.max_waiting, settings.default_max_waiting),
+            starts_per_minute=_or(key.starts_per_minute, settings.default_starts_per_minute),
+        ),
+        spend_capped=found.account_spend_capped,
+        source="key",
+    )
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+class KeyAuthPlugin:
+    """Registered last, so an operator's authenticator gets each request first."""
+
+    def __init__(self, keys: KeyRepository, settings: Settings) -> None:
+        self._keys = keys
+        self._settings = settings
+
+    @hookimpl(trylast=True)
+    async def acs_authenticate(self, headers: Mapping[str, str]) -> Principal | None:
+        if "authorization" not in headers:
+            raise Unauthorized(
+                "Missing Authorization header: send `Authorization: Bearer <your API key>`.",
+                code="missing_authorization",
+            )
+        token = bearer_token(headers)
+        invalid = Unauthorized("Invalid API key.", code="invalid_api_key")
+        if token is None or not looks_like_secret(token):
+            raise invalid
+        found = await self._keys.lookup(visible_prefix(token))
+        if found is None or not secret_matches(token, found.secret_hash):
+            logger.info("refused an unknown API key (prefix %s)", visible_prefix(token))
+            raise invalid
+        if found.key.state in _REFUSALS:
+            code, message = _REFUSALS[found.key.state]
+            raise Unauthorized(message, code=code)
+        if found.account_status in _ACCOUNT_REFUSALS:
+            code, message = _ACCOUNT_REFUSALS[found.account_status]
+            raise Unauthorized(message, code=code)
+        return principal_for(found, self._settings)

@@ -1,0 +1,181 @@
+"""AdmissionMiddleware: a slot, a start and the Hold before a completion runs; Settle after it.
+
+API server process, after StrictValidation and before Rewrite. It reads the ValidatedCompletion
+and the principal from `scope["state"]`, may lower max_tokens (X-Acs-Max-Tokens-Clamped), answers
+429 spend_cap / budget_exceeded / rate_limited / queue_full, and settles the Hold to the real usage
+however the request ends, then queues one metadata-only usage row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import datetime, timezone
+
+from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
+from ..errors import AcsError, BudgetExceeded, SpendCap, TrafficLimited
+from ..principal import PRINCIPAL_STATE_KEY, Principal
+from ..storage.counters import AdmitRequest, Counters, Ticket
+from ..storage.errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted
+from ..storage.ledger import UsageLedger
+from ..storage.periods import BUDGET_MESSAGES
+from ..storage.usage import UsageRow
+from .admission_wait import ClientGone, wait_watching_disconnect
+from .asgi import ASGIApp, Message, Receive, Scope, Send, request_id, send_error
+from .response_usage import ResponseUsage
+
+logger = logging.getLogger(__name__)
+CLAMP_HEADER = b"x-acs-max-tokens-clamped"
+
+
+def refusal(error: Exception) -> AcsError:
+    """The client-facing answer for a storage refusal."""
+    if isinstance(error, BudgetExhausted):
+        return BudgetExceeded(BUDGET_MESSAGES.get(error.budget, "Token budget exhausted."))
+    if isinstance(error, StartsExhausted):
+        return TrafficLimited(
+            "This API key started too many requests in the last minute.",
+            code="rate_limited",
+            retry_after_ms=error.retry_after_ms,
+        )
+    retry_ms = error.retry_after_ms if isinstance(error, QueueFull) else 1000
+    return TrafficLimited(
+        "This API key has too many requests running and waiting.",
+        code="queue_full",
+        retry_after_ms=retry_ms,
+    )
+
+
+class AdmissionMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        counters: Counters,
+        ledger: UsageLedger,
+        *,
+        path: str = "/v1/completions",
+    ) -> None:
+        self.app = app
+        self.counters = counters
+        self.ledger = ledger
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope.get("state") or {}
+        validated = state.get(VALIDATED_COMPLETION_KEY)
+        principal = state.get(PRINCIPAL_STATE_KEY)
+        if (
+            scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or scope.get("path") != self.path
+            or not isinstance(validated, ValidatedCompletion)
+            or not isinstance(principal, Principal)
+        ):
+            await self.app(scope, receive, send)
+            return
+        await _Admission(self, scope, validated, principal).run(receive, send)
+
+
+class _Admission:
+    """The state of one admitted request (a responder: nothing per request on the middleware)."""
+
+    def __init__(
+        self,
+        middleware: AdmissionMiddleware,
+        scope: Scope,
+        validated: ValidatedCompletion,
+        principal: Principal,
+    ) -> None:
+        self.m = middleware
+        self.scope = scope
+        self.validated = validated
+        self.principal = principal
+        self.started = time.perf_counter()
+        self.admitted_at = datetime.now(timezone.utc)
+        self.meter = ResponseUsage(stream=validated.stream)
+        self.ticket: Ticket | None = None
+
+    async def run(self, receive: Receive, send: Send) -> None:
+        try:
+            if self.principal.spend_capped:
+                raise SpendCap()
+            try:
+                self.ticket = await self.m.counters.admit(
+                    AdmitRequest(
+                        principal=self.principal,
+                        prompt_tokens=self.validated.prompt_tokens,
+                        choices=self.validated.choices,
+                        max_tokens=self.validated.max_tokens,
+                    )
+                )
+            except (BudgetExhausted, StartsExhausted, QueueFull) as error:
+                raise refusal(error) from None
+        except AcsError as error:
+            await send_error(self.scope, send, error)
+            self._record(error.status, 0, 0)
+            return
+        self.validated.clamp(self.ticket.applied_max_tokens, "budget")
+        try:
+            if not self.ticket.running:
+                receive = await wait_watching_disconnect(self.m.counters, self.ticket, receive)
+            # From here the engine works on the prompt: what a dead process's hold settles at.
+            self.m.counters.report_progress(self.ticket, self.validated.prompt_tokens, 0)
+            await self.m.app(self.scope, receive, self._send_through(send))
+        except ClientGone:
+            self.meter.status = 499  # nobody to answer: the client left while its request waited
+        except LeaseLost:
+            self.meter.status = 429
+            await send_error(self.scope, send, refusal(QueueFull(1000)))
+        except asyncio.CancelledError:
+            self.meter.status = self.meter.status or 499
+            raise
+        finally:
+            prompt, completion = self.meter.tokens(self.validated.prompt_tokens)
+            self._record(self.meter.status or 500, prompt, completion)
+            try:
+                # Shielded: a cancelled request must still give its slot and Hold back.
+                await asyncio.shield(self.m.counters.settle(self.ticket, prompt, completion))
+            except Exception:
+                # The counters' store is down: the lease expires and settles at the progress.
+                logger.exception("settling request %s failed", request_id(self.scope))
+
+    def _send_through(self, send: Send) -> Send:
+        counters, ticket, meter = self.m.counters, self.ticket, self.meter
+        assert ticket is not None
+        header = self.validated.clamp_header()
+
+        async def send_metered(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                meter.status = int(message["status"])
+                if header is not None:
+                    headers = [(k, v) for k, v in message.get("headers", ()) if k != CLAMP_HEADER]
+                    headers.append((CLAMP_HEADER, header.encode("latin-1")))
+                    message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body":
+                meter.feed(message.get("body", b""))
+                if meter.stream and meter.status == 200:
+                    counters.report_progress(
+                        ticket, self.validated.prompt_tokens, meter.streamed_tokens
+                    )
+            await send(message)
+
+        return send_metered
+
+    def _record(self, status: int, prompt: int, completion: int) -> None:
+        self.m.ledger.record(
+            UsageRow(
+                route=self.scope.get("path", ""),
+                status=status,
+                latency_ms=int((time.perf_counter() - self.started) * 1000),
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                request_id=request_id(self.scope),
+                key_id=self.principal.key_id,
+                key_prefix=self.principal.key_prefix,
+                account_id=self.principal.account_id,
+                model=self.validated.model.id,
+                workload=self.validated.workload,
+                created_at=self.admitted_at,
+            )
+        )

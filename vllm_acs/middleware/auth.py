@@ -1,0 +1,73 @@
+"""AuthMiddleware: every `/v1/*` request needs a principal; the route's scope must be granted.
+
+API server process, after BodyLimit and before StrictValidation. It asks the `acs_authenticate`
+hooks (the built-in key check is the last of them), stores the principal on
+`scope["state"]["acs_principal"]`, and answers 401 / 403 in the spec's envelope.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import pluggy
+
+from ..errors import AcsError, ScopeDenied, Unauthorized
+from ..plugins import authenticate
+from ..principal import PRINCIPAL_STATE_KEY
+from .asgi import ASGIApp, Receive, Scope, Send, send_error
+
+logger = logging.getLogger(__name__)
+
+# Path prefix -> the scope a key needs there; /v1 paths not listed need only a valid principal.
+DEFAULT_ROUTE_SCOPES: Mapping[str, str] = {
+    "/v1/completions": "completions",
+    "/v1/completion-jobs": "jobs",
+    "/v1/harvest": "harvest",
+    "/v1/looms": "looms",
+}
+
+
+def required_scope(path: str, route_scopes: Mapping[str, str]) -> str | None:
+    for prefix, needed in route_scopes.items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return needed
+    return None
+
+
+class AuthMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        plugin_manager: pluggy.PluginManager,
+        *,
+        protected_prefix: str = "/v1/",
+        route_scopes: Mapping[str, str] = DEFAULT_ROUTE_SCOPES,
+    ) -> None:
+        self.app = app
+        self.plugin_manager = plugin_manager
+        self.protected_prefix = protected_prefix
+        self.route_scopes = dict(route_scopes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith(self.protected_prefix):
+            await self.app(scope, receive, send)
+            return
+        headers = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())
+        }
+        try:
+            principal = await authenticate(
+                self.plugin_manager, headers, scope.get("method", "GET"), path
+            )
+            if principal is None:
+                raise Unauthorized("Invalid API key.", code="invalid_api_key")
+            needed = required_scope(path, self.route_scopes)
+            if needed is not None and needed not in principal.scopes:
+                raise ScopeDenied(f"This API key does not have the `{needed}` scope.")
+        except AcsError as error:
+            await send_error(scope, send, error)
+            return
+        scope.setdefault("state", {})[PRINCIPAL_STATE_KEY] = principal
+        await self.app(scope, receive, send)

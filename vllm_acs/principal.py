@@ -1,0 +1,41 @@
+"""Who a request runs as: the `Principal` an authenticator returns, with its key's limits.
+
+A leaf module used in the API server process: AuthMiddleware stores one on
+`scope["state"][PRINCIPAL_STATE_KEY]`; Admission reads its limits; plugins may build their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRINCIPAL_STATE_KEY = "acs_principal"
+SCOPES: frozenset[str] = frozenset({"completions", "jobs", "harvest", "looms"})
+
+
+@dataclass(frozen=True)
+class KeyLimits:
+    """Token budgets (None: no such budget) and traffic limits of one key, defaults resolved."""
+
+    monthly_tokens: int | None = None
+    daily_tokens: int | None = None
+    monthly_input_tokens: int | None = None
+    monthly_output_tokens: int | None = None
+    account_monthly_tokens: int | None = None
+    max_running: int = 16
+    max_waiting: int = 64
+    starts_per_minute: int = 600
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller. `key_id` names the counters its budgets and slots live under."""
+
+    key_id: str
+    key_prefix: str
+    account_id: str
+    scopes: frozenset[str] = SCOPES
+    limits: KeyLimits = field(default_factory=KeyLimits)
+    # An operator pause of the account: requests get 429 spend_cap until it is lifted.
+    spend_capped: bool = False
+    # Who vouched for it: "key" for the built-in check, a plugin's name otherwise.
+    source: str = "key"

@@ -1,0 +1,213 @@
+"""API keys: create (secret shown once), list, find by id or visible prefix, state, limits, and the
+per-request lookup that authentication uses.
+
+Used by the CLI and the API server. Only the SHA-256 of a secret is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import bindparam, or_, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ..principal import SCOPES
+from .api_key_secret import hash_secret, new_secret, visible_prefix
+from .errors import ConflictError, NotFoundError
+from .tables import accounts, api_keys
+
+KEY_STATES = ("active", "paused", "revoked")
+LIMIT_FIELDS = (
+    "monthly_tokens",
+    "daily_tokens",
+    "monthly_input_tokens",
+    "monthly_output_tokens",
+    "max_running",
+    "max_waiting",
+    "starts_per_minute",
+)
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: str
+    account_id: str
+    prefix: str
+    name: str | None
+    state: str
+    scopes: tuple[str, ...]
+    monthly_tokens: int | None
+    daily_tokens: int | None
+    monthly_input_tokens: int | None
+    monthly_output_tokens: int | None
+    max_running: int | None
+    max_waiting: int | None
+    starts_per_minute: int | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "scopes": list(self.scopes)}
+
+
+@dataclass(frozen=True)
+class KeyWithAccount:
+    """What authentication needs in one query: the key, its hash, and its account's state."""
+
+    key: ApiKey
+    secret_hash: str
+    account_status: str
+    account_spend_capped: bool
+    account_monthly_tokens: int | None
+
+
+def _key(row: Any) -> ApiKey:
+    return ApiKey(
+        id=row.id,
+        account_id=row.account_id,
+        prefix=row.prefix,
+        name=row.name,
+        state=row.state,
+        scopes=tuple(s for s in row.scopes.split(",") if s),
+        **{f: getattr(row, f) for f in LIMIT_FIELDS},
+    )
+
+
+def parse_scopes(text: str) -> tuple[str, ...]:
+    scopes = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    unknown = sorted(set(scopes) - SCOPES)
+    if unknown or not scopes:
+        raise ValueError(f"scopes must be a non-empty subset of {sorted(SCOPES)}, got {text!r}")
+    return scopes
+
+
+class KeyRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        # Auth reads one row per request: a dedicated autocommit connection skips the pool's
+        # checkout and reset, which cost more than the query (no transaction stays open, so
+        # every read sees the latest commit).
+        self._reader: AsyncConnection | None = None
+        self._reader_lock = asyncio.Lock()
+
+    async def create(
+        self,
+        account_id: str,
+        *,
+        scopes: tuple[str, ...] = tuple(sorted(SCOPES)),
+        name: str | None = None,
+        **limits: int | None,
+    ) -> tuple[ApiKey, str]:
+        """A new active key; returns it with its secret, which is never readable again."""
+        unknown = set(limits) - set(LIMIT_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown key limits: {sorted(unknown)}")
+        for _attempt in range(5):  # a visible-prefix collision is a 1 in 2^48 event
+            secret = new_secret()
+            values: dict[str, Any] = {
+                "id": "key_" + secrets.token_hex(8),
+                "account_id": account_id,
+                "prefix": visible_prefix(secret),
+                "secret_hash": hash_secret(secret),
+                "name": name,
+                "state": "active",
+                "scopes": ",".join(scopes),
+                "created_at": datetime.now(timezone.utc),
+                **{f: limits.get(f) for f in LIMIT_FIELDS},
+            }
+            try:
+                async with self._engine.begin() as conn:
+                    await conn.execute(api_keys.insert().values(**values))
+            except IntegrityError as error:
+                if "prefix" not in str(error.orig).lower():
+                    raise ConflictError(f"cannot create a key for account {account_id!r}") from None
+                continue
+            return await self.get(values["id"]), secret
+        raise ConflictError("could not find a free key prefix")
+
+    async def get(self, ref: str) -> ApiKey:
+        """The key whose id or visible prefix is `ref`."""
+        async with self._engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(api_keys).where(or_(api_keys.c.id == ref, api_keys.c.prefix == ref))
+                )
+            ).first()
+        if row is None:
+            raise NotFoundError(f"no key {ref!r}")
+        return _key(row)
+
+    async def list(self, account_id: str | None = None) -> list[ApiKey]:
+        query = select(api_keys).order_by(api_keys.c.created_at)
+        if account_id is not None:
+            query = query.where(api_keys.c.account_id == account_id)
+        async with self._engine.connect() as conn:
+            return [_key(row) for row in await conn.execute(query)]
+
+    async def update(self, ref: str, **values: Any) -> ApiKey:
+        key = await self.get(ref)
+        if key.state == "revoked" and "state" in values:
+            raise ConflictError(f"key {key.prefix} is revoked; revoking is permanent")
+        async with self._engine.begin() as conn:
+            await conn.execute(update(api_keys).where(api_keys.c.id == key.id).values(**values))
+        return await self.get(key.id)
+
+    async def set_state(self, ref: str, state: str) -> ApiKey:
+        if state not in KEY_STATES:
+            raise ValueError(f"state must be one of {KEY_STATES}")
+        extra = {"revoked_at": datetime.now(timezone.utc)} if state == "revoked" else {}
+        return await self.update(ref, state=state, **extra)
+
+    async def set_limits(self, ref: str, **limits: int | None) -> ApiKey:
+        unknown = set(limits) - set(LIMIT_FIELDS) - {"scopes", "name"}
+        if unknown:
+            raise ValueError(f"unknown key settings: {sorted(unknown)}")
+        return await self.update(ref, **limits)
+
+    async def lookup(self, prefix: str) -> KeyWithAccount | None:
+        """One indexed query per request: no cache, so a pause or revoke counts at once."""
+        async with self._reader_lock:
+            try:
+                row = await self._read(prefix)
+            except DBAPIError:
+                # A broken connection (the database restarted): reconnect once, then give up.
+                await self.close()
+                row = await self._read(prefix)
+        if row is None:
+            return None
+        return KeyWithAccount(
+            key=_key(row),
+            secret_hash=row.secret_hash,
+            account_status=row.account_status,
+            account_spend_capped=bool(row.account_spend_capped),
+            account_monthly_tokens=row.account_monthly_tokens,
+        )
+
+    async def _read(self, prefix: str) -> Any:
+        if self._reader is None:
+            self._reader = await self._engine.connect()
+            await self._reader.execution_options(isolation_level="AUTOCOMMIT")
+        return (await self._reader.execute(_LOOKUP, {"prefix": prefix})).first()
+
+    async def close(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                await reader.close()
+
+
+# Built once: constructing the statement per request costs more than running it on SQLite.
+_LOOKUP = (
+    select(
+        api_keys,
+        accounts.c.status.label("account_status"),
+        accounts.c.spend_capped.label("account_spend_capped"),
+        accounts.c.monthly_tokens.label("account_monthly_tokens"),
+    )
+    .join(accounts, accounts.c.id == api_keys.c.account_id)
+    .where(api_keys.c.prefix == bindparam("prefix"))
+)

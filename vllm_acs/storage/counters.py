@@ -1,0 +1,94 @@
+"""The shared-counters interface: a slot, a start and the Hold on every budget in one atomic step.
+
+API server process. Two backends implement it: `EmbeddedCounters` (one process: memory, with
+settled usage from SQLite) and `RedisCounters` (many processes: Lua scripts, leases).
+"""
+
+from __future__ import annotations
+
+import abc
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from ..principal import Principal
+from .periods import BudgetKind, BudgetLine, budget_lines, reservation
+
+# Reads the settled tokens of counters (full names, with period) from the database.
+SettledReader = Callable[[Iterable[str]], Awaitable[dict[str, int]]]
+
+
+@dataclass
+class AdmitRequest:
+    principal: Principal
+    prompt_tokens: int
+    choices: int
+    max_tokens: int
+
+    @property
+    def lines(self) -> list[BudgetLine]:
+        return budget_lines(self.principal)
+
+
+@dataclass
+class Ticket:
+    """One admitted request: its slot (running or waiting) and its Hold, until settled."""
+
+    key_id: str
+    applied_max_tokens: int
+    running: bool
+    # Full counter name -> (tokens reserved, kind of budget).
+    reserved: dict[str, tuple[int, BudgetKind]] = field(default_factory=dict)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Usage so far, reported while the request runs: an expired lease settles at this.
+    progress_prompt: int = 0
+    progress_output: int = 0
+    settled: bool = False
+    # The key's limit when it was admitted: a waiter keeps the value it came with.
+    max_running: int = 1
+
+    @property
+    def held_tokens(self) -> int:
+        return sum(amount for amount, _ in self.reserved.values())
+
+
+def charge(kind: BudgetKind, reserved: int, prompt_tokens: int, completion_tokens: int) -> int:
+    """What a settled request costs one budget: its real usage, never more than was held."""
+    return min(reserved, reservation(kind, prompt_tokens, completion_tokens))
+
+
+class Counters(abc.ABC):
+    """Slots (running + waiting, FIFO), starts per minute and Holds, per key."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def admit(self, request: AdmitRequest) -> Ticket:
+        """Takes the Hold, a start and a slot (running or a place in the queue) atomically.
+
+        Raises BudgetExhausted, StartsExhausted or QueueFull (storage.errors), holding nothing.
+        The ticket's `applied_max_tokens` may be lower than asked: what fits every budget.
+        """
+
+    @abc.abstractmethod
+    async def wait_for_slot(self, ticket: Ticket) -> None:
+        """Returns once a waiting ticket runs. Cancelling it gives the queue place back."""
+
+    def report_progress(self, ticket: Ticket, prompt_tokens: int, completion_tokens: int) -> None:
+        ticket.progress_prompt = prompt_tokens
+        ticket.progress_output = completion_tokens
+
+    @abc.abstractmethod
+    async def settle(self, ticket: Ticket, prompt_tokens: int, completion_tokens: int) -> None:
+        """Charges the real usage, frees the rest of the Hold and the slot. Idempotent."""
+
+    @abc.abstractmethod
+    async def committed(self, counter: str) -> int:
+        """Settled plus held tokens of one full counter name (for tests and the CLI)."""
+
+    @abc.abstractmethod
+    async def slots(self, key_id: str) -> tuple[int, int]:
+        """(running, waiting) of a key, across every process sharing the counters."""
+
+    async def close(self) -> None:  # noqa: B027  # optional for backends without resources
+        pass

@@ -1,0 +1,188 @@
+"""`RedisCounters`: slots, starts and Holds shared by every process and node, as Lua scripts.
+
+API server process. Each script is one atomic step on Redis's clock. Slots and Holds are leases the
+holder renews in the background; when a process dies its leases expire, the slot frees and the Hold
+settles at the usage last reported. A budget counter Redis does not hold is started from the
+settled tokens in the database first, so a Redis restart does not reset anyone's budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+
+from .counters import AdmitRequest, Counters, SettledReader, Ticket
+from .errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted, StorageError
+
+logger = logging.getLogger(__name__)
+_POLL_S = (0.005, 0.05)
+
+
+def _script(name: str) -> str:
+    return resources.files(__package__).joinpath("redis_scripts", f"{name}.lua").read_text()
+
+
+class RedisCounters(Counters):
+    name = "redis"
+
+    def __init__(
+        self, redis: Redis, read_settled: SettledReader, *, prefix: str, lease_ms: int
+    ) -> None:
+        self._redis = redis
+        self._read_settled = read_settled
+        self._prefix = prefix
+        self._lease_ms = lease_ms
+        self._admit = redis.register_script(_script("admit"))
+        self._wait_turn = redis.register_script(_script("wait_turn"))
+        self._renew = redis.register_script(_script("renew"))
+        self._settle = redis.register_script(_script("settle"))
+        self._in_flight: dict[str, Ticket] = {}
+        self._renewer: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_url(
+        cls, url: str, read_settled: SettledReader, *, prefix: str, lease_ms: int
+    ) -> RedisCounters:
+        return cls(Redis.from_url(url), read_settled, prefix=prefix, lease_ms=lease_ms)
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self._prefix, *parts))
+
+    def _slot_keys(self, key_id: str) -> list[str]:
+        return [self._k("run", key_id), self._k("wait", key_id), self._k("waitlease", key_id)]
+
+    async def _seed(self, redis_keys: list[str]) -> None:
+        """Starts counters Redis does not hold (first use in a period, or Redis lost them) from
+        the settled tokens in the database; NX, so a counter another process started is kept."""
+        bud = self._k("bud", "")
+        counters = [key[len(bud) :] for key in redis_keys]
+        settled = await self._read_settled(counters)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key, counter in zip(redis_keys, counters, strict=True):
+                ttl_days = 3 if ":day:" in counter else 62
+                pipe.set(key, settled.get(counter, 0), nx=True, px=ttl_days * 86400000)
+            await pipe.execute()
+
+    async def admit(self, request: AdmitRequest) -> Ticket:
+        principal, limits = request.principal, request.principal.limits
+        lines = request.lines
+        ticket = Ticket(
+            key_id=principal.key_id,
+            applied_max_tokens=0,
+            running=False,
+            max_running=limits.max_running,
+        )
+        args: list[Any] = [
+            ticket.id, self._lease_ms, limits.max_running, limits.max_waiting,
+            limits.starts_per_minute, request.prompt_tokens, request.choices,
+            request.max_tokens, self._k("hold", ""), len(lines),
+        ]  # fmt: skip
+        for line in lines:
+            args += [
+                self._k("bud", line.counter),
+                line.granularity,
+                line.kind,
+                line.limit,
+                line.name,
+            ]
+        keys = [
+            *self._slot_keys(principal.key_id),
+            self._k("starts", principal.key_id),
+            self._k("seq", principal.key_id),
+            self._k("holds"),
+            self._k("hold", ticket.id),
+        ]
+        for _attempt in range(3):
+            answer = await self._admit(keys, args)
+            result = [x.decode() if isinstance(x, bytes) else x for x in answer]
+            if result[0] != "seed":
+                break
+            await self._seed(result[1:])
+        else:
+            raise StorageError("the budget counters could not be started in Redis")
+        if result[0] == "budget":
+            raise BudgetExhausted(result[1])
+        if result[0] == "rate":
+            raise StartsExhausted(int(result[1]))
+        if result[0] == "full":
+            raise QueueFull(int(result[1]))
+        ticket.applied_max_tokens = int(result[1])
+        ticket.running = result[2] == "run"
+        month, day = result[3], result[4]
+        output = request.choices * ticket.applied_max_tokens
+        for line in lines:
+            period = day if line.granularity == "day" else month
+            amount = {"input": request.prompt_tokens, "output": output}.get(
+                line.kind, request.prompt_tokens + output
+            )
+            ticket.reserved[f"{line.counter}:{period}"] = (amount, line.kind)
+        self._in_flight[ticket.id] = ticket
+        self._ensure_renewer()
+        return ticket
+
+    async def wait_for_slot(self, ticket: Ticket) -> None:
+        delay = _POLL_S[0]
+        keys = [*self._slot_keys(ticket.key_id), self._k("holds")]
+        while not ticket.running:
+            answer = await self._wait_turn(keys, [ticket.id, self._lease_ms, ticket.max_running])
+            state = answer[0].decode()
+            if state == "run":
+                ticket.running = True
+            elif state == "lost":
+                raise LeaseLost(ticket.id)
+            else:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _POLL_S[1])
+
+    async def settle(self, ticket: Ticket, prompt_tokens: int, completion_tokens: int) -> None:
+        if ticket.settled:
+            return
+        ticket.settled = True
+        self._in_flight.pop(ticket.id, None)
+        keys = [*self._slot_keys(ticket.key_id), self._k("holds"), self._k("hold", ticket.id)]
+        settled = await self._settle(keys, [ticket.id, prompt_tokens, completion_tokens])
+        if not settled:
+            logger.warning(
+                "hold %s had expired before it settled; charged its last progress", ticket.id
+            )
+
+    def _ensure_renewer(self) -> None:
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
+
+    async def _renew_forever(self) -> None:
+        while self._in_flight:
+            await asyncio.sleep(self._lease_ms / 3000)
+            tickets = list(self._in_flight.values())
+            if not tickets:
+                break
+            args: list[Any] = [self._lease_ms, self._k("hold", "")]
+            for t in tickets:
+                run_key = self._slot_keys(t.key_id)[0] if t.running else ""
+                args += [t.id, run_key, t.progress_prompt, t.progress_output]
+            try:
+                lost = await self._renew([self._k("holds")], args)
+            except Exception:  # a brief Redis outage must not kill the renewer
+                logger.exception("renewing %d leases failed; retrying", len(tickets))
+                continue
+            for ticket_id in lost:
+                logger.warning("lease of %s expired before renewal", ticket_id.decode())
+
+    async def committed(self, counter: str) -> int:
+        return int(await self._redis.get(self._k("bud", counter)) or 0)
+
+    async def slots(self, key_id: str) -> tuple[int, int]:
+        run, wait, _ = self._slot_keys(key_id)
+        return int(await self._redis.zcard(run)), int(await self._redis.zcard(wait))
+
+    async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        await self._redis.aclose()

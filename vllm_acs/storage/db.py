@@ -1,0 +1,158 @@
+"""Opening storage: the engine (SQLite or PostgreSQL), the schema check, repositories, counters.
+
+API server process (`await open_storage(settings)` at start, `await storage.close()` at stop) and
+the CLI. An embedded SQLite is upgraded here; PostgreSQL must be upgraded by the operator first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from ..settings import Settings, SettingsError
+from .accounts import AccountRepository
+from .api_keys import KeyRepository
+from .counters import Counters
+from .counters_embedded import EmbeddedCounters
+from .counters_redis import RedisCounters
+from .errors import SchemaNotReady
+from .ledger import UsageLedger
+from .migrate import current_revision, head_revision, upgrade
+from .usage import UsageRepository, UsageRow
+
+logger = logging.getLogger(__name__)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets the CLI write while the server reads; the busy timeout waits out short locks.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def create_engine(url: str) -> AsyncEngine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url)
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def check_counters_backend(settings: Settings, api_server_count: int) -> None:
+    """Refuses more than one API process without Redis: in-memory counters cannot be shared."""
+    if api_server_count > 1 and not settings.redis_url:
+        raise SettingsError(
+            f"{api_server_count} API server processes (--api-server-count) need shared counters "
+            "for slots, starts and budget holds: set VLLM_ACS_REDIS_URL (e.g. "
+            "redis://127.0.0.1:6379/0), or run one API server process"
+        )
+
+
+@dataclass
+class Storage:
+    """Everything the API server keeps: repositories, the usage ledger and the shared counters."""
+
+    engine: AsyncEngine
+    accounts: AccountRepository
+    keys: KeyRepository
+    usage: UsageRepository
+    ledger: UsageLedger
+    counters: Counters
+    settings: Settings
+
+    async def close(self) -> None:
+        await self.ledger.close()
+        await self.counters.close()
+        await self.keys.close()
+        await self.engine.dispose()
+
+
+@contextlib.contextmanager
+def _sqlite_upgrade_lock(url: str) -> Iterator[None]:
+    """Serializes upgrades of one SQLite file across processes (two nodes starting at once)."""
+    database = make_url(url).database
+    if not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.upgrade-lock", "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+async def ensure_schema(engine: AsyncEngine, url: str, *, auto_upgrade: bool) -> None:
+    head = head_revision()
+    if auto_upgrade:
+        if is_sqlite(url):
+            with _sqlite_upgrade_lock(url):
+                await upgrade(engine)
+        else:
+            await upgrade(engine)
+        return
+    current = await current_revision(engine)
+    if current != head:
+        where = make_url(url).render_as_string(hide_password=True)
+        raise SchemaNotReady(
+            f"the database schema is at {current or 'nothing'}, this vllm_acs needs {head}: "
+            f"run `vllm-acs db upgrade` against {where}"
+        )
+
+
+async def open_storage(
+    settings: Settings,
+    *,
+    upgrade_schema: bool | None = None,
+    on_usage_written: Callable[[UsageRow], None] | None = None,
+    counters: Counters | None = None,
+) -> Storage:
+    """Opens the configured database and counters. `upgrade_schema` defaults to True for SQLite."""
+    url = settings.resolved_database_url
+    engine = create_engine(url)
+    auto = is_sqlite(url) if upgrade_schema is None else upgrade_schema
+    try:
+        await ensure_schema(engine, url, auto_upgrade=auto)
+    except BaseException:
+        await engine.dispose()
+        raise
+    usage = UsageRepository(engine)
+    if counters is None:
+        if settings.redis_url:
+            counters = RedisCounters.from_url(
+                settings.redis_url,
+                usage.read_settled,
+                prefix=settings.redis_prefix,
+                lease_ms=settings.lease_ms,
+            )
+        else:
+            counters = EmbeddedCounters(usage.read_settled)
+    logger.info("storage open: %s, %s counters", engine.dialect.name, counters.name)
+    return Storage(
+        engine=engine,
+        accounts=AccountRepository(engine),
+        keys=KeyRepository(engine),
+        usage=usage,
+        ledger=UsageLedger(usage, on_written=on_usage_written),
+        counters=counters,
+        settings=settings,
+    )

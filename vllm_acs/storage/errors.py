@@ -1,0 +1,46 @@
+"""Domain errors of storage and the shared counters; callers map them to HTTP answers.
+
+Any process that uses storage. Storage never raises HTTP errors itself.
+"""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base of every error storage raises on purpose."""
+
+
+class NotFoundError(StorageError):
+    pass
+
+
+class ConflictError(StorageError):
+    pass
+
+
+class SchemaNotReady(StorageError):
+    """The database is not at the migration head; the message says what to run."""
+
+
+class BudgetExhausted(StorageError):
+    """Not even one output token per choice fits in `budget` (a name like `key_monthly`)."""
+
+    def __init__(self, budget: str) -> None:
+        super().__init__(budget)
+        self.budget = budget
+
+
+class QueueFull(StorageError):
+    def __init__(self, retry_after_ms: int) -> None:
+        super().__init__(f"queue full; retry after {retry_after_ms} ms")
+        self.retry_after_ms = retry_after_ms
+
+
+class StartsExhausted(StorageError):
+    def __init__(self, retry_after_ms: int) -> None:
+        super().__init__(f"starts per minute used up; retry after {retry_after_ms} ms")
+        self.retry_after_ms = retry_after_ms
+
+
+class LeaseLost(StorageError):
+    """A waiting ticket's lease expired before it got a slot (the process stalled too long)."""

@@ -1,0 +1,107 @@
+"""UTC budget periods and the names of the counters each budget of a key lives under.
+
+Pure, used by the counters backends and the usage ledger (API server process). A counter name
+carries its period (`key:<id>:month:2026-11`), so budgets reset at the period boundary without
+any job running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Literal
+
+from ..principal import Principal
+
+BudgetKind = Literal["total", "input", "output"]
+
+# The messages name the budget that refused, as the spec's Budget-cap recovery page lists them.
+BUDGET_MESSAGES: dict[str, str] = {
+    "key_monthly": "Monthly token budget exhausted for this API key.",
+    "account_monthly": "Monthly token budget exhausted for this user (aggregate across keys).",
+    "key_daily": "Daily token budget exhausted for this API key.",
+    "key_monthly_input": "Monthly input-token budget exhausted for this API key.",
+    "key_monthly_output": "Monthly output-token budget exhausted for this API key.",
+}
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """One budget a request is held against: its counter (without period), limit and kind."""
+
+    name: str
+    counter: str
+    granularity: Literal["month", "day"]
+    kind: BudgetKind
+    limit: int
+
+
+def month_of(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m")
+
+
+def day_of(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d")
+
+
+def counter_with_period(line_counter: str, granularity: str, moment: datetime) -> str:
+    period = month_of(moment) if granularity == "month" else day_of(moment)
+    return f"{line_counter}:{period}"
+
+
+def all_lines(key_id: str, account_id: str) -> list[tuple[str, str, str, BudgetKind]]:
+    """(name, counter, granularity, kind) of every budget a key's usage counts against."""
+    return [
+        ("key_monthly", f"key:{key_id}:month", "month", "total"),
+        ("key_daily", f"key:{key_id}:day", "day", "total"),
+        ("key_monthly_input", f"key:{key_id}:month-in", "month", "input"),
+        ("key_monthly_output", f"key:{key_id}:month-out", "month", "output"),
+        ("account_monthly", f"account:{account_id}:month", "month", "total"),
+    ]
+
+
+def budget_lines(principal: Principal) -> list[BudgetLine]:
+    """The budgets that apply to `principal` (those with a limit), in the order they are named."""
+    limits = principal.limits
+    by_name = {
+        "key_monthly": limits.monthly_tokens,
+        "key_daily": limits.daily_tokens,
+        "key_monthly_input": limits.monthly_input_tokens,
+        "key_monthly_output": limits.monthly_output_tokens,
+        "account_monthly": limits.account_monthly_tokens,
+    }
+    return [
+        BudgetLine(name, counter, granularity, kind, by_name[name])  # type: ignore[arg-type]
+        for name, counter, granularity, kind in all_lines(principal.key_id, principal.account_id)
+        if by_name[name] is not None
+    ]
+
+
+def reservation(kind: BudgetKind, prompt_tokens: int, output_tokens: int) -> int:
+    if kind == "input":
+        return prompt_tokens
+    if kind == "output":
+        return output_tokens
+    return prompt_tokens + output_tokens
+
+
+def max_tokens_that_fit(
+    lines: list[tuple[BudgetLine, int]], prompt_tokens: int, choices: int, max_tokens: int
+) -> tuple[int, str | None]:
+    """The largest max_tokens <= `max_tokens` that every (line, committed) pair admits.
+
+    Returns (applied, None), or (0, name of the first budget that cannot hold one token per choice).
+    """
+    applied = max_tokens
+    for line, committed in lines:
+        available = line.limit - committed
+        if line.kind == "input":
+            fits = max_tokens if prompt_tokens <= available else 0
+        elif line.kind == "output":
+            fits = max(0, available) // choices
+        else:
+            fits = max(0, available - prompt_tokens) // choices
+        if fits < 1:
+            return 0, line.name
+        applied = min(applied, fits)
+    return applied, None

@@ -1,0 +1,88 @@
+"""The schema of accounts, keys, budget counters and usage rows, as SQLAlchemy Core tables.
+
+Imported by the repositories and by Alembic's migrations; one schema for SQLite and PostgreSQL.
+Money is integer tokens (BigInteger), never floats.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+)
+
+metadata = MetaData()
+
+accounts = Table(
+    "accounts",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    # pending (not approved yet) | approved | suspended
+    Column("status", String(16), nullable=False, default="pending"),
+    Column("spend_capped", Boolean, nullable=False, default=False),
+    Column("monthly_tokens", BigInteger, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("account_id", String(40), ForeignKey("accounts.id"), nullable=False, index=True),
+    # The visible part (`acs-bm-` + 8 characters); the lookup index for auth and the CLI.
+    Column("prefix", String(32), nullable=False, unique=True),
+    Column("secret_hash", String(64), nullable=False),
+    Column("name", String(200), nullable=True),
+    # active | paused | revoked
+    Column("state", String(16), nullable=False, default="active"),
+    Column("scopes", String(200), nullable=False),
+    Column("monthly_tokens", BigInteger, nullable=True),
+    Column("daily_tokens", BigInteger, nullable=True),
+    Column("monthly_input_tokens", BigInteger, nullable=True),
+    Column("monthly_output_tokens", BigInteger, nullable=True),
+    Column("max_running", Integer, nullable=True),
+    Column("max_waiting", Integer, nullable=True),
+    Column("starts_per_minute", Integer, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+)
+
+# Settled tokens per budget and UTC period (`key:<id>:month:2026-11`), written with the usage
+# rows in one transaction: the durable truth the live counters start from.
+budget_counters = Table(
+    "budget_counters",
+    metadata,
+    Column("counter", String(160), primary_key=True),
+    Column("used", BigInteger, nullable=False, default=0),
+)
+
+usage_rows = Table(
+    "usage_rows",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("request_id", String(64), nullable=True),
+    Column("key_id", String(40), nullable=True),
+    Column("key_prefix", String(32), nullable=True),
+    Column("account_id", String(40), nullable=True),
+    Column("route", String(120), nullable=False),
+    Column("model", String(200), nullable=True),
+    Column("prompt_tokens", BigInteger, nullable=False, default=0),
+    Column("completion_tokens", BigInteger, nullable=False, default=0),
+    Column("status", Integer, nullable=False),
+    Column("latency_ms", Integer, nullable=False),
+    Column("workload", String(64), nullable=True),
+    # The UTC month of the hold (`2026-11`): usage is reported per month without date maths.
+    Column("period", String(7), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index("ix_usage_rows_key_period", "key_id", "period"),
+    Index("ix_usage_rows_account_period", "account_id", "period"),
+)

@@ -1,0 +1,146 @@
+"""Usage rows and settled budget counters: written in one transaction, read for reports.
+
+Used by the usage ledger's writer task (API server process) and by `vllm-acs usage`. A row holds
+metadata only: never a prompt, a completion or a key secret.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from .periods import all_lines, counter_with_period, month_of, reservation
+from .tables import budget_counters, usage_rows
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    route: str
+    status: int
+    latency_ms: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    request_id: str | None = None
+    key_id: str | None = None
+    key_prefix: str | None = None
+    account_id: str | None = None
+    model: str | None = None
+    workload: str | None = None
+    # When the request was admitted: its tokens count in that UTC day and month.
+    created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "created_at": self.created_at.isoformat()}
+
+
+def counter_increments(rows: Iterable[UsageRow]) -> dict[str, int]:
+    """Tokens each budget counter (full name, with period) gains from `rows`."""
+    totals: dict[str, int] = collections.defaultdict(int)
+    for row in rows:
+        if row.key_id is None or row.account_id is None:
+            continue
+        for _, counter, granularity, kind in all_lines(row.key_id, row.account_id):
+            amount = reservation(kind, row.prompt_tokens, row.completion_tokens)
+            if amount:
+                totals[counter_with_period(counter, granularity, row.created_at)] += amount
+    return dict(totals)
+
+
+def _upsert(dialect_name: str) -> Any:
+    dialect = sqlite if dialect_name == "sqlite" else postgresql
+    statement = dialect.insert(budget_counters)
+    return statement.on_conflict_do_update(
+        index_elements=[budget_counters.c.counter],
+        set_={"used": budget_counters.c.used + statement.excluded.used},
+    )
+
+
+_UPSERTS = {name: _upsert(name) for name in ("sqlite", "postgresql")}
+
+
+async def _add_to_counters(conn: AsyncConnection, increments: dict[str, int]) -> None:
+    if not increments:
+        return
+    statement = _UPSERTS["sqlite" if conn.dialect.name == "sqlite" else "postgresql"]
+    # A fixed order, so that two nodes flushing at once never deadlock on these rows.
+    await conn.execute(
+        statement, [{"counter": c, "used": n} for c, n in sorted(increments.items())]
+    )
+
+
+class UsageRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def insert(self, rows: Sequence[UsageRow]) -> None:
+        """The rows and their budget counters, in one transaction: both or neither."""
+        if not rows:
+            return
+        values = [{**asdict(row), "period": month_of(row.created_at)} for row in rows]
+        async with self._engine.begin() as conn:
+            await conn.execute(usage_rows.insert(), values)
+            await _add_to_counters(conn, counter_increments(rows))
+
+    async def read_settled(self, counters: Iterable[str]) -> dict[str, int]:
+        names = list(counters)
+        if not names:
+            return {}
+        query = select(budget_counters.c.counter, budget_counters.c.used).where(
+            budget_counters.c.counter.in_(names)
+        )
+        async with self._engine.connect() as conn:
+            return {row.counter: int(row.used) for row in await conn.execute(query)}
+
+    async def per_key_model_month(self, period: str | None = None) -> list[dict[str, Any]]:
+        """Tokens and requests per (key, model, month), newest month first."""
+        c = usage_rows.c
+        query = (
+            select(
+                c.period, c.account_id, c.key_id, c.key_prefix, c.model,
+                func.count().label("requests"),
+                func.sum(c.prompt_tokens).label("prompt_tokens"),
+                func.sum(c.completion_tokens).label("completion_tokens"),
+            )
+            .group_by(c.period, c.account_id, c.key_id, c.key_prefix, c.model)
+            .order_by(c.period.desc(), c.account_id, c.key_prefix, c.model)
+        )  # fmt: skip
+        if period is not None:
+            query = query.where(c.period == period)
+        async with self._engine.connect() as conn:
+            return [_totals(row._asdict()) for row in await conn.execute(query)]
+
+    async def per_account_month(self, period: str | None = None) -> list[dict[str, Any]]:
+        c = usage_rows.c
+        query = (
+            select(
+                c.period, c.account_id,
+                func.count().label("requests"),
+                func.sum(c.prompt_tokens).label("prompt_tokens"),
+                func.sum(c.completion_tokens).label("completion_tokens"),
+            )
+            .group_by(c.period, c.account_id)
+            .order_by(c.period.desc(), c.account_id)
+        )  # fmt: skip
+        if period is not None:
+            query = query.where(c.period == period)
+        async with self._engine.connect() as conn:
+            return [_totals(row._asdict()) for row in await conn.execute(query)]
+
+    async def rows(self, limit: int = 1000) -> list[dict[str, Any]]:
+        query = select(usage_rows).order_by(usage_rows.c.id.desc()).limit(limit)
+        async with self._engine.connect() as conn:
+            return [dict(row._mapping) for row in await conn.execute(query)]
+
+
+def _totals(row: dict[str, Any]) -> dict[str, Any]:
+    row["prompt_tokens"] = int(row["prompt_tokens"] or 0)
+    row["completion_tokens"] = int(row["completion_tokens"] or 0)
+    row["total_tokens"] = row["prompt_tokens"] + row["completion_tokens"]
+    return row
