@@ -6,7 +6,7 @@ HOME_DIR ?= $(HOME)/.local/share/vllm-acs
 TINY_MODEL ?= $(HOME_DIR)/models/tiny-llama
 PORT ?= 8000
 
-.PHONY: venv serve test lint unit e2e bench clean
+.PHONY: venv serve test lint unit e2e bench clean services
 
 venv: $(READY)
 
@@ -17,7 +17,11 @@ lint: $(READY)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: $(READY) lint
+# The storage tests need the machine's PostgreSQL and Redis: started here when they are down.
+services:
+	bash scripts/ensure-services.sh
+
+test: $(READY) lint services
 	$(PY) -m pytest
 
 unit: $(READY)
