@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.harness import CHECKPOINT, MODEL_ID, ServerProcess
@@ -35,10 +36,28 @@ def acs_server(
 
 
 @pytest.fixture(scope="session")
-def openai_client(acs_server: ServerProcess):
+def api_key(acs_server: ServerProcess) -> str:
+    """A key with default limits on an approved account, made with the operator CLI."""
+    return acs_server.create_key()
+
+
+@pytest.fixture(scope="session")
+def auth(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"}
+
+
+@pytest.fixture(scope="session")
+def api(acs_server: ServerProcess, auth: dict[str, str]) -> Iterator[httpx.Client]:
+    """httpx against the server, with the key."""
+    with httpx.Client(base_url=acs_server.base_url, headers=auth, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def openai_client(acs_server: ServerProcess, api_key: str):
     from openai import OpenAI
 
-    return OpenAI(base_url=f"{acs_server.base_url}/v1", api_key="unused", max_retries=0)
+    return OpenAI(base_url=f"{acs_server.base_url}/v1", api_key=api_key, max_retries=0)
 
 
 @pytest.fixture(scope="session")

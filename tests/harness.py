@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -106,6 +108,27 @@ class ServerProcess:
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{self.log_tail()}")
+
+    def cli(self, *args: str) -> Any:
+        """Runs `vllm-acs ARGS --json` against this server's database; returns the parsed JSON."""
+        env = {**os.environ, **self.env}
+        done = subprocess.run(
+            [sys.executable, "-m", "vllm_acs.cli", *args, "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"vllm-acs {' '.join(args)} failed: {done.stderr[-2000:]}")
+        return json.loads(done.stdout)
+
+    def create_key(self, account: str = "e2e", *key_args: str) -> str:
+        """A new key (secret) on an approved account, created while the server runs."""
+        accounts = {a["name"] for a in self.cli("accounts", "list")}
+        if account not in accounts:
+            self.cli("accounts", "create", account, "--approved")
+        return self.cli("keys", "create", "--account", account, *key_args)["key"]
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

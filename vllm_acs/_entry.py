@@ -6,13 +6,18 @@ loads in every vLLM process (API server, EngineCore, workers) and must stay chea
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from argparse import Namespace
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from pluggy import PluginManager
     from starlette.datastructures import State
+
+    from .storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -52,39 +57,62 @@ class AcsEndpointPlugin:
         from .served_model import NodeModels
 
         self.models = NodeModels()
+        self.storage: Storage | None = None
+        self.plugins: PluginManager | None = None
 
     def attach_router(self, app: FastAPI) -> None:
         from starlette.middleware.gzip import GZipMiddleware
 
         from . import __version__
+        from .middleware.auth import AuthMiddleware
         from .middleware.body_limit import BodyLimitMiddleware
         from .middleware.completion_rewrite import CompletionRewriteMiddleware
+        from .middleware.deferred import DeferredMiddleware
         from .middleware.error_envelope import ErrorEnvelopeMiddleware
         from .middleware.request_id import RequestIdMiddleware
         from .middleware.route_gate import RouteGateMiddleware
         from .middleware.strict_validation import StrictValidationMiddleware
+        from .plugins import build_plugin_manager
         from .routes.models.api_router import build_router
         from .routes.openapi import build_openapi
         from .settings import Settings
+        from .storage import check_counters_backend
 
         _configure_logging()
         # Read the settings now so that a bad one stops the server before it serves anything.
-        settings = Settings.load(additional_config=_additional_config(app.state.args))
+        args = app.state.args
+        settings = Settings.load(additional_config=_additional_config(args))
+        check_counters_backend(settings, getattr(args, "api_server_count", None) or 1)
+        # Operators' authenticators now; the built-in key check joins once storage is open.
+        self.plugins = build_plugin_manager()
         app.include_router(build_router(self.models))
         document = build_openapi(settings, __version__)
         app.openapi = lambda: document  # type: ignore[method-assign]
         # add_middleware puts each new one outside the previous: innermost first.
         app.add_middleware(CompletionRewriteMiddleware)
+        app.add_middleware(DeferredMiddleware, build=self._admission)
         app.add_middleware(StrictValidationMiddleware, models=self.models, settings=settings)
+        app.add_middleware(AuthMiddleware, plugin_manager=self.plugins)
         app.add_middleware(RouteGateMiddleware)
         app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.body_limit_bytes)
         app.add_middleware(ErrorEnvelopeMiddleware)
         app.add_middleware(GZipMiddleware, minimum_size=500)
         app.add_middleware(RequestIdMiddleware)
+        _close_at_shutdown(app, self.close)
+
+    def _admission(self, inner: Any) -> Any:
+        from .middleware.admission import AdmissionMiddleware
+
+        if self.storage is None:
+            raise RuntimeError("vllm_acs storage is not open: init_state did not run")
+        return AdmissionMiddleware(inner, self.storage.counters, self.storage.ledger)
 
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
+        from .key_auth import KeyAuthPlugin
+        from .plugins import notify_usage_recorded
         from .routes.models.service import served_model_from_engine, tokenizer_of
         from .settings import Settings
+        from .storage import open_storage
 
         if engine_client is None:
             raise RuntimeError("vllm_acs needs an engine; it cannot run on a render-only server")
@@ -93,14 +121,41 @@ class AcsEndpointPlugin:
             engine_client.model_config, engine_client.vllm_config, settings
         )
         self.models.register(served, tokenizer_of(engine_client))
+        self.storage = storage = await open_storage(settings)
+        plugins = self.plugins
+        plugins.register(KeyAuthPlugin(storage.keys, settings))
+        storage.ledger.on_written = lambda row: notify_usage_recorded(plugins, row)
         state.acs_settings = settings
         state.acs_models = self.models
         logger.info(
-            "vllm_acs serving %s as model id %r (gpu_shape %s)",
+            "vllm_acs serving %s as model id %r (gpu_shape %s; database %s; counters %s)",
             served.checkpoint,
             served.id,
             served.gpu_shape,
+            settings.resolved_database_url.split("://", 1)[0],
+            "redis" if settings.redis_url else "embedded",
         )
+
+    async def close(self) -> None:
+        """At shutdown: drains the usage queue and closes the database and Redis."""
+        if self.storage is not None:
+            await self.storage.close()
+            self.storage = None
+
+
+def _close_at_shutdown(app: FastAPI, close: Callable[[], Awaitable[None]]) -> None:
+    """Runs `close` after vLLM's own lifespan ends (the endpoint interface has no shutdown hook)."""
+    inner_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(lifespan_app: Any) -> AsyncIterator[Any]:
+        try:
+            async with inner_lifespan(lifespan_app) as lifespan_state:
+                yield lifespan_state
+        finally:
+            await close()
+
+    app.router.lifespan_context = lifespan
 
 
 def _additional_config(args: Namespace) -> dict[str, Any]:

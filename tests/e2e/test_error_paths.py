@@ -34,8 +34,8 @@ FAILURE_PATHS = [
 
 @pytest.mark.parametrize("client_id", ["walk-1", None, "not valid!"])
 @pytest.mark.parametrize(("what", "method", "path", "body"), FAILURE_PATHS)
-def test_failure_answers_the_envelope(acs_server, what, method, path, body, client_id):
-    headers = {"Content-Type": "application/json"}
+def test_failure_answers_the_envelope(acs_server, auth, what, method, path, body, client_id):
+    headers = {"Content-Type": "application/json", **auth}
     if client_id is not None:
         headers["X-Request-Id"] = client_id
     response = httpx.request(
@@ -56,10 +56,10 @@ def test_failure_answers_the_envelope(acs_server, what, method, path, body, clie
         assert rid != client_id and 1 <= len(rid) <= 64
 
 
-def test_json_of_500_bytes_or_more_is_gzipped_when_asked(acs_server):
+def test_json_of_500_bytes_or_more_is_gzipped_when_asked(acs_server, auth):
     body = {"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 40}
     url = f"{acs_server.base_url}/v1/completions"
-    with httpx.Client() as client:
+    with httpx.Client(headers=auth) as client:
         big = client.post(url, json=body, headers={"Accept-Encoding": "gzip"})
         assert big.headers["content-encoding"] == "gzip"
         assert len(big.content) >= 500  # httpx decompressed it
@@ -71,9 +71,9 @@ def test_json_of_500_bytes_or_more_is_gzipped_when_asked(acs_server):
         assert "content-encoding" not in small.headers  # under 500 bytes
 
 
-def test_raw_gzip_bytes_decode(acs_server):
+def test_raw_gzip_bytes_decode(acs_server, auth):
     body = b'{"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 40}'
-    with httpx.Client() as client:
+    with httpx.Client(headers=auth) as client:
         request = client.build_request(
             "POST",
             f"{acs_server.base_url}/v1/completions",
@@ -86,13 +86,13 @@ def test_raw_gzip_bytes_decode(acs_server):
     assert b'"text_completion"' in gzip.decompress(raw)
 
 
-def test_stream_is_never_gzipped(acs_server):
+def test_stream_is_never_gzipped(acs_server, auth):
     body = {"prompt": "The sky is", "max_tokens": 40, "stream": True}
     with httpx.stream(
         "POST",
         f"{acs_server.base_url}/v1/completions",
         json=body,
-        headers={"Accept-Encoding": "gzip"},
+        headers={"Accept-Encoding": "gzip", **auth},
     ) as response:
         text = "".join(response.iter_text())
         assert "content-encoding" not in response.headers

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -12,8 +11,8 @@ def test_sdk_lists_the_short_id(openai_client, model_id):
     assert [m.id for m in openai_client.models.list()] == [model_id]
 
 
-def test_models_list_has_the_spec_shape(acs_server, model_id, checkpoint):
-    response = httpx.get(f"{acs_server.base_url}/v1/models")
+def test_models_list_has_the_spec_shape(api, model_id, checkpoint):
+    response = api.get("/v1/models")
     assert response.status_code == 200
     assert response.headers["x-request-id"]
     body = response.json()
@@ -36,16 +35,14 @@ def test_models_list_has_the_spec_shape(acs_server, model_id, checkpoint):
     }
 
 
-def test_one_model_by_id(acs_server, model_id):
-    response = httpx.get(f"{acs_server.base_url}/v1/models/{model_id}")
+def test_one_model_by_id(api, model_id):
+    response = api.get(f"/v1/models/{model_id}")
     assert response.status_code == 200
-    assert response.json() == httpx.get(f"{acs_server.base_url}/v1/models").json()["data"][0]
+    assert response.json() == api.get("/v1/models").json()["data"][0]
 
 
-def test_unknown_model_id_is_a_404_in_the_envelope(acs_server):
-    response = httpx.get(
-        f"{acs_server.base_url}/v1/models/llama-999b", headers={"X-Request-Id": "req-models-1"}
-    )
+def test_unknown_model_id_is_a_404_in_the_envelope(api):
+    response = api.get("/v1/models/llama-999b", headers={"X-Request-Id": "req-models-1"})
     assert response.status_code == 404
     assert response.headers["x-request-id"] == "req-models-1"
     assert response.json() == {
@@ -59,10 +56,8 @@ def test_unknown_model_id_is_a_404_in_the_envelope(acs_server):
     }
 
 
-def test_request_id_invalid_is_replaced(acs_server):
-    response = httpx.get(
-        f"{acs_server.base_url}/v1/models", headers={"X-Request-Id": "bad id with spaces"}
-    )
+def test_request_id_invalid_is_replaced(api):
+    response = api.get("/v1/models", headers={"X-Request-Id": "bad id with spaces"})
     rid = response.headers["x-request-id"]
     assert rid != "bad id with spaces"
     assert 1 <= len(rid) <= 64

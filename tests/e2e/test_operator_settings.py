@@ -23,7 +23,11 @@ def tuned_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
     server = ServerProcess(
         model_dir=tiny_model_dir,
         log_path=home / "server.log",
-        env={"VLLM_ACS_DEADLINE_MAX_TOKENS": "8", "VLLM_ACS_BODY_LIMIT_BYTES": "2048"},
+        env={
+            "VLLM_ACS_HOME": str(home),
+            "VLLM_ACS_DEADLINE_MAX_TOKENS": "8",
+            "VLLM_ACS_BODY_LIMIT_BYTES": "2048",
+        },
         extra_args=["--additional-config", json.dumps({"acs": {"max_logprobs": 5}})],
     )
     server.start()
@@ -33,12 +37,17 @@ def tuned_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
         server.stop()
 
 
-def _post(server: ServerProcess, body: dict) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+@pytest.fixture(scope="module")
+def tuned_auth(tuned_server) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tuned_server.create_key()}"}
 
 
-def test_injected_default_is_clamped_to_the_deadline(tuned_server):
-    response = _post(tuned_server, {"prompt": "The sky is"})
+def _post(server: ServerProcess, body: dict, auth: dict[str, str]) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/v1/completions", json=body, headers=auth, timeout=60)
+
+
+def test_injected_default_is_clamped_to_the_deadline(tuned_server, tuned_auth):
+    response = _post(tuned_server, {"prompt": "The sky is"}, tuned_auth)
     assert response.status_code == 200
     # max_model_len 2048 - 4 prompt tokens is the injected default; the deadline allows 8.
     assert response.headers["x-acs-max-tokens-clamped"] == (
@@ -47,34 +56,38 @@ def test_injected_default_is_clamped_to_the_deadline(tuned_server):
     assert response.json()["usage"]["completion_tokens"] == 8
 
 
-def test_streaming_keeps_the_default(tuned_server):
+def test_streaming_keeps_the_default(tuned_server, tuned_auth):
     with httpx.stream(
         "POST",
         f"{tuned_server.base_url}/v1/completions",
         json={"prompt": "x" * 1500, "stream": True},
+        headers=tuned_auth,
         timeout=120,
     ) as response:
         assert response.status_code == 200
         assert "x-acs-max-tokens-clamped" not in response.headers
 
 
-def test_explicit_max_tokens_over_the_deadline(tuned_server):
-    response = _post(tuned_server, {"prompt": "x", "max_tokens": 9})
+def test_explicit_max_tokens_over_the_deadline(tuned_server, tuned_auth):
+    response = _post(tuned_server, {"prompt": "x", "max_tokens": 9}, tuned_auth)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "deadline_infeasible"
     assert response.headers["x-should-retry"] == "false"
 
 
-def test_additional_config_sets_max_logprobs(tuned_server):
-    card = httpx.get(f"{tuned_server.base_url}/v1/models").json()["data"][0]
+def test_additional_config_sets_max_logprobs(tuned_server, tuned_auth):
+    card = httpx.get(f"{tuned_server.base_url}/v1/models", headers=tuned_auth).json()["data"][0]
     assert card["capabilities"]["max_logprobs"] == 5
-    assert _post(tuned_server, {"prompt": "x", "max_tokens": 1, "logprobs": 5}).status_code == 200
-    refused = _post(tuned_server, {"prompt": "x", "max_tokens": 1, "logprobs": 6})
+    assert (
+        _post(tuned_server, {"prompt": "x", "max_tokens": 1, "logprobs": 5}, tuned_auth).status_code
+        == 200
+    )
+    refused = _post(tuned_server, {"prompt": "x", "max_tokens": 1, "logprobs": 6}, tuned_auth)
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == "logprobs"
 
 
-def test_body_limit_setting(tuned_server):
-    response = _post(tuned_server, {"prompt": "x" * 2100, "max_tokens": 1})
+def test_body_limit_setting(tuned_server, tuned_auth):
+    response = _post(tuned_server, {"prompt": "x" * 2100, "max_tokens": 1}, tuned_auth)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"

@@ -96,8 +96,12 @@ _ERROR_TEXT = {
     400: "Invalid request (invalid_request, bad_json, model_not_found, context_length_exceeded, "
     "deadline_infeasible, full_vocab_prompt_too_long, chat_completions_unsupported, "
     "vllm_invalid_request, vllm_context_length)",
+    401: "No valid key (missing_authorization, invalid_api_key, key_revoked, key_disabled, "
+    "account_suspended, account_not_approved)",
+    403: "scope_denied: the key lacks the route's scope",
     404: "Unknown route or id",
     413: "request_too_large",
+    429: "budget_exceeded (no Retry-After), queue_full, rate_limited, spend_cap (Retry-After)",
     500: "internal_error",
     502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error)",
 }
@@ -150,7 +154,10 @@ def _completions_operation() -> dict[str, Any]:
         "responses": {
             "200": ok,
             "400": _error(400, *upstream, "X-Acs-Upstream-Error-Kind", "x-should-retry"),
+            "401": _error(401),
+            "403": _error(403),
             "413": _error(413, "x-should-retry"),
+            "429": _error(429, "Retry-After", "retry-after-ms", "x-should-retry"),
             "500": _error(500, "x-should-retry"),
             "502": _error(
                 502,
@@ -187,13 +194,22 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
                 "post": {
                     "operationId": "chatCompletionsUnsupported",
                     "summary": "Not supported: always 400 chat_completions_unsupported",
-                    "responses": {"400": _error(400), "413": _error(413), "500": _error(500)},
+                    "responses": {
+                        "400": _error(400),
+                        "401": _error(401),
+                        "413": _error(413),
+                        "500": _error(500),
+                    },
                 }
             },
             "/v1/models": {
                 "get": {
                     "operationId": "listModels",
-                    "responses": {"200": _json("The models", "ModelList"), "500": _error(500)},
+                    "responses": {
+                        "200": _json("The models", "ModelList"),
+                        "401": _error(401),
+                        "500": _error(500),
+                    },
                 }
             },
             "/v1/models/{model_id}": {
@@ -209,6 +225,7 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
                     ],
                     "responses": {
                         "200": _json("One model", "ModelCard"),
+                        "401": _error(401),
                         "404": _error(404),
                         "500": _error(500),
                     },
@@ -217,6 +234,7 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
             "/health": {
                 "get": {
                     "operationId": "health",
+                    "security": [],
                     "responses": {
                         "200": {"description": "The engine is up"},
                         "503": {"description": "The engine is down"},
@@ -224,5 +242,16 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": components, "headers": HEADERS},
+        "security": [{"apiKey": []}],
+        "components": {
+            "schemas": components,
+            "headers": HEADERS,
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "Authorization: Bearer acs-bm-...; every /v1 route needs it",
+                }
+            },
+        },
     }
