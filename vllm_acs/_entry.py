@@ -38,11 +38,16 @@ def _configure_logging() -> None:
 def register_general() -> None:
     """`vllm.general_plugins`: runs once per process, in every vLLM process. Idempotent.
 
-    The worker-side hooks (capture, steering) are installed from here once they exist.
+    Installs the capture and steering hooks (`hooks/compat.py`): they patch vLLM's worker and
+    request classes when those are imported, and refuse unsupported vLLM versions here.
     """
     global _general_registered
     if _general_registered:
         return
+    from .hooks.compat import install
+
+    _configure_logging()
+    install()
     _general_registered = True
     logger.debug("vllm_acs general plugin registered")
 
