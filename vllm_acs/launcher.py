@@ -14,10 +14,12 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "acs"
 
-# Added to the operator's arguments unless they give the flag themselves: -1 lets vLLM compute
-# full-vocabulary prompt logprobs; the plugin enforces its own cap on positive counts.
+# Added to the operator's arguments unless they give the flag (or its --no- form) themselves:
+# -1 lets vLLM compute full-vocabulary prompt logprobs (the plugin caps positive counts), and the
+# capture and steering hooks run only in eager mode (the plugin refuses to start otherwise).
 DEFAULT_SERVE_ARGS: dict[str, list[str]] = {
     "--max-logprobs": ["--max-logprobs", "-1"],
+    "--enforce-eager": ["--enforce-eager"],
 }
 
 
@@ -30,7 +32,7 @@ def plugin_environment(environ: MutableMapping[str, str]) -> None:
 
 
 def with_default_args(args: Sequence[str]) -> list[str]:
-    given = {a.split("=", 1)[0] for a in args if a.startswith("--")}
+    given = {a.split("=", 1)[0].replace("--no-", "--", 1) for a in args if a.startswith("--")}
     extra = [
         arg
         for flag, flag_args in DEFAULT_SERVE_ARGS.items()

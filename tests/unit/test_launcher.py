@@ -16,7 +16,16 @@ def test_acs_is_added_to_the_plugin_allowlist():
     assert env["VLLM_PLUGINS"] == "other,acs"
 
 
-def test_max_logprobs_defaults_to_full_vocabulary_unless_given():
-    assert with_default_args(["m"]) == ["m", "--max-logprobs", "-1"]
-    assert with_default_args(["m", "--max-logprobs", "5"]) == ["m", "--max-logprobs", "5"]
-    assert with_default_args(["m", "--max-logprobs=5"]) == ["m", "--max-logprobs=5"]
+def test_defaults_apply_unless_the_operator_gives_the_flag():
+    assert with_default_args(["m"]) == ["m", "--max-logprobs", "-1", "--enforce-eager"]
+    assert with_default_args(["m", "--max-logprobs", "5", "--enforce-eager"]) == [
+        "m",
+        "--max-logprobs",
+        "5",
+        "--enforce-eager",
+    ]
+    assert with_default_args(["m", "--max-logprobs=5", "--no-enforce-eager"]) == [
+        "m",
+        "--max-logprobs=5",
+        "--no-enforce-eager",
+    ]
