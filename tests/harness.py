@@ -124,11 +124,15 @@ class ServerProcess:
         return json.loads(done.stdout)
 
     def create_key(self, account: str = "e2e", *key_args: str) -> str:
-        """A new key (secret) on an approved account, created while the server runs."""
+        """A new key's secret, on an approved account, created while the server runs."""
+        return self.create_key_record(account, *key_args)["key"]
+
+    def create_key_record(self, account: str = "e2e", *key_args: str) -> dict[str, Any]:
+        """`keys create --json` (key, id, prefix...), making the account approved if it is new."""
         accounts = {a["name"] for a in self.cli("accounts", "list")}
         if account not in accounts:
             self.cli("accounts", "create", account, "--approved")
-        return self.cli("keys", "create", "--account", account, *key_args)["key"]
+        return self.cli("keys", "create", "--account", account, *key_args)
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -77,6 +77,7 @@ class AcsEndpointPlugin:
         from .middleware.request_id import RequestIdMiddleware
         from .middleware.route_gate import RouteGateMiddleware
         from .middleware.strict_validation import StrictValidationMiddleware
+        from .middleware.usage_chunk import UsageChunkMiddleware
         from .plugins import build_plugin_manager
         from .routes.models.api_router import build_router
         from .routes.openapi import build_openapi
@@ -96,6 +97,7 @@ class AcsEndpointPlugin:
         # add_middleware puts each new one outside the previous: innermost first.
         app.add_middleware(CompletionRewriteMiddleware)
         app.add_middleware(DeferredMiddleware, build=self._admission)
+        app.add_middleware(UsageChunkMiddleware)
         app.add_middleware(StrictValidationMiddleware, models=self.models, settings=settings)
         app.add_middleware(AuthMiddleware, plugin_manager=self.plugins)
         app.add_middleware(RouteGateMiddleware)

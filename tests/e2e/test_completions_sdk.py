@@ -138,3 +138,15 @@ def test_same_seed_same_tokens(openai_client, model_id):
     assert sample(1234) == first
     # Twelve tokens sampled at temperature 1 from a ~1000-token vocabulary: other seeds differ.
     assert len({sample(s) for s in (1, 2, 3)} | {first}) > 1
+
+
+def test_stream_without_include_usage_has_no_usage_chunk(openai_client, model_id):
+    # The plugin meters every stream from vLLM's usage chunk; the client did not ask for it here.
+    chunks = list(
+        openai_client.completions.create(
+            model=model_id, prompt=PROMPT, max_tokens=6, temperature=0, stream=True
+        )
+    )
+    assert chunks and all(c.choices for c in chunks)
+    assert all(c.usage is None for c in chunks)
+    assert "".join(c.choices[0].text for c in chunks) == greedy(openai_client, model_id, PROMPT)

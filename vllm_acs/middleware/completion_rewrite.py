@@ -21,6 +21,13 @@ def vllm_body(validated: ValidatedCompletion) -> bytes:
     }
     if validated.engine_args:
         body["vllm_xargs"] = validated.engine_args
+    if validated.stream:
+        # Every stream ends with vLLM's usage chunk, so a hold settles at the engine's counts;
+        # UsageChunkMiddleware removes it again for a client that did not ask for it.
+        body["stream_options"] = {
+            **(validated.fields.get("stream_options") or {}),
+            "include_usage": True,
+        }
     return json.dumps(body, separators=(",", ":")).encode()
 
 

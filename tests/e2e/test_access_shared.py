@@ -1,0 +1,143 @@
+"""Two server processes sharing PostgreSQL and Redis: limits hold across them, and a killed
+process gives its slot and hold back once its lease expires."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.e2e.access_load import burst, hold_burst, spent, tally
+from tests.harness import ServerProcess, group_members
+from tests.services import REDIS_URL, private_pg_database, private_redis_prefix
+
+pytestmark = pytest.mark.e2e
+
+BODY = {"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 2}  # 4 prompt tokens
+COST = 4 + 2
+# 16 samples of 1900 tokens: it runs far longer than a burst of 200 requests takes to answer.
+LONG_BODY = {**BODY, "max_tokens": 1900, "n": 16, "temperature": 1}
+LEASE_MS = 2000
+
+
+@pytest.fixture(scope="module")
+def nodes(tiny_model_dir, tmp_path_factory) -> Iterator[list[ServerProcess]]:
+    home = tmp_path_factory.mktemp("shared-home")
+    with private_pg_database() as database_url, private_redis_prefix() as prefix:
+        env = {
+            "VLLM_ACS_HOME": str(home),
+            "VLLM_ACS_DATABASE_URL": database_url,
+            "VLLM_ACS_REDIS_URL": REDIS_URL,
+            "VLLM_ACS_REDIS_PREFIX": prefix,
+            "VLLM_ACS_LEASE_MS": str(LEASE_MS),
+        }
+        # PostgreSQL is upgraded by the operator, before any node starts.
+        subprocess.run(
+            [sys.executable, "-m", "vllm_acs.cli", "db", "upgrade"],
+            env={**os.environ, **env},
+            check=True,
+            capture_output=True,
+        )
+        servers = [
+            ServerProcess(model_dir=tiny_model_dir, log_path=home / f"node-{i}.log", env=env)
+            for i in range(2)
+        ]
+        starters = [threading.Thread(target=s.start) for s in servers]
+        for starter in starters:
+            starter.start()
+        for starter in starters:
+            starter.join()
+        try:
+            for server in servers:
+                assert server.process is not None, server.log_tail()
+            yield servers
+        finally:
+            for server in servers:
+                server.stop()
+
+
+def _urls(nodes: list[ServerProcess]) -> list[str]:
+    return [n.base_url for n in nodes]
+
+
+def test_budget_is_exact_across_two_processes(nodes):
+    admitted = 37
+    key = nodes[0].create_key(
+        "shared-budget",
+        "--monthly-tokens",
+        str(admitted * COST),
+        "--max-running",
+        "250",
+        "--max-waiting",
+        "250",
+        "--starts-per-minute",
+        "1000",
+    )
+    responses = burst(_urls(nodes), key, BODY, 200)
+    assert tally(responses) == {"200": admitted, "budget_exceeded": 200 - admitted}
+    assert spent(responses) == admitted * COST
+
+
+def test_running_slots_are_exact_across_two_processes(nodes):
+    slots = 5
+    key = nodes[1].create_key(
+        "shared-slots",
+        "--max-running",
+        str(slots),
+        "--max-waiting",
+        "0",
+        "--starts-per-minute",
+        "1000",
+    )
+    outcomes = hold_burst(_urls(nodes), key, LONG_BODY, 200)
+    assert outcomes == {"200": slots, "queue_full": 200 - slots}
+
+
+def test_a_killed_process_leaks_no_slot_and_no_hold(nodes):
+    survivor, victim = nodes
+    key = survivor.create_key(
+        "killed", "--max-running", "1", "--max-waiting", "0", "--monthly-tokens", "2000"
+    )
+    auth = {"Authorization": f"Bearer {key}"}
+    stream = httpx.stream(
+        "POST",
+        f"{victim.base_url}/v1/completions",
+        json={**BODY, "max_tokens": 1500, "stream": True},
+        headers=auth,
+        timeout=60,
+    )
+    with stream as running:
+        assert running.status_code == 200
+        # Keep the iterator: a discarded `iter_lines()` generator closes the response at once,
+        # and the victim would give the slot back before it is killed.
+        lines = running.iter_lines()
+        next(lines)  # it runs, holding the slot and 4 + 1500 tokens
+        pgid = victim.process.pid
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    killed_at = time.monotonic()
+
+    refused = httpx.post(f"{survivor.base_url}/v1/completions", json=BODY, headers=auth)
+    assert refused.status_code == 429  # the dead process's lease still holds the slot
+    assert refused.json()["error"]["code"] == "queue_full"
+
+    time.sleep(max(0.0, LEASE_MS / 1000 + 1.0 - (time.monotonic() - killed_at)))
+    # A leaked hold of 1504 would leave 496 - 4 = 492 output tokens: max_tokens 600 would be
+    # clamped. Settled at what was used so far, the budget still has room for it.
+    after = httpx.post(
+        f"{survivor.base_url}/v1/completions",
+        json={**BODY, "max_tokens": 600},
+        headers=auth,
+        timeout=120,
+    )
+    assert after.status_code == 200, after.text
+    assert "x-acs-max-tokens-clamped" not in after.headers
