@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.unit.asgi_apps import request, sse_app
+from tests.unit.asgi_apps import json_app, request, sse_app
 from vllm_acs.contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from vllm_acs.middleware.usage_chunk import UsageChunkMiddleware
 from vllm_acs.served_model import ServedModel
@@ -45,3 +45,15 @@ def test_other_choiceless_chunks_and_split_events_pass():
     half = len(USAGE) // 2
     events = [CONTENT, ACTIVATIONS, USAGE[:half], USAGE[half:] + DONE]
     assert _run(_validated(None), events) == CONTENT + ACTIVATIONS + DONE
+
+
+def test_an_error_answer_of_a_stream_request_passes_untouched():
+    inner = UsageChunkMiddleware(json_app(429, {"error": {"code": "queue_full"}}))
+
+    async def app(scope, receive, send):
+        scope.setdefault("state", {})[VALIDATED_COMPLETION_KEY] = _validated(None)
+        await inner(scope, receive, send)
+
+    response = request(app)
+    assert response.status_code == 429
+    assert response.json() == {"error": {"code": "queue_full"}}

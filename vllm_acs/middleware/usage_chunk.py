@@ -45,10 +45,16 @@ class UsageChunkMiddleware:
             await self.app(scope, receive, send)
             return
         pending = b""
+        is_stream = False  # an error answer (JSON) passes untouched
 
         async def send_without_usage(message: Message) -> None:
-            nonlocal pending
-            if message["type"] != "http.response.body":
+            nonlocal pending, is_stream
+            if message["type"] == "http.response.start":
+                is_stream = any(
+                    k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                    for k, v in message.get("headers", ())
+                )
+            if message["type"] != "http.response.body" or not is_stream:
                 await send(message)
                 return
             more = message.get("more_body", False)
