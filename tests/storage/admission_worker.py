@@ -14,7 +14,8 @@ import sys
 import time
 from collections.abc import Iterable
 
-from tests.storage.helpers import REDIS_URL, principal
+from tests.services import REDIS_URL
+from tests.storage.helpers import principal
 from vllm_acs.storage.counters import AdmitRequest
 from vllm_acs.storage.counters_redis import RedisCounters
 from vllm_acs.storage.errors import StorageError

@@ -8,43 +8,22 @@ its own PostgreSQL database and Redis key prefix, removed at the end.
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-PG_ADMIN_DSN = os.environ.get("ACS_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("ACS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-async def _pg_admin(statement: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(PG_ADMIN_DSN, timeout=5)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
+from tests.services import private_pg_database, private_redis_prefix
 
 
 @pytest.fixture(scope="session")
 def pg_database() -> Iterator[str]:
     """A PostgreSQL database for this test run (SQLAlchemy URL); dropped at the end."""
-    name = f"acs_test_{os.getpid()}_{secrets.token_hex(3)}"
     try:
-        asyncio.run(_pg_admin(f'CREATE DATABASE "{name}"'))
-    except OSError as error:
-        pytest.fail(
-            f"PostgreSQL is not reachable at {PG_ADMIN_DSN} ({error}); "
-            "start it with scripts/ensure-services.sh"
-        )
-    host = PG_ADMIN_DSN.split("://", 1)[1].rsplit("/", 1)[0]
-    try:
-        yield f"postgresql+asyncpg://{host}/{name}"
-    finally:
-        asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        with private_pg_database() as url:
+            yield url
+    except RuntimeError as error:
+        pytest.fail(str(error))
 
 
 def _reset_pg(url: str) -> None:
@@ -78,21 +57,10 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture
 def redis_prefix() -> Iterator[str]:
     """A Redis key prefix private to one test; its keys are deleted afterwards."""
-    from redis import Redis
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    prefix = f"acs-test-{secrets.token_hex(4)}"
-    client = Redis.from_url(REDIS_URL)
     try:
-        client.ping()
+        with private_redis_prefix() as prefix:
+            yield prefix
     except RedisConnectionError as error:
-        pytest.fail(
-            f"Redis is not reachable at {REDIS_URL} ({error}); run scripts/ensure-services.sh"
-        )
-    try:
-        yield prefix
-    finally:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
+        pytest.fail(f"Redis is not reachable ({error}); run scripts/ensure-services.sh")

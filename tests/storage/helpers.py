@@ -9,8 +9,6 @@ from vllm_acs.principal import KeyLimits, Principal
 from vllm_acs.settings import Settings
 from vllm_acs.storage import Storage
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
 
 def settings_for(url: str, home: Path | None = None, **values: Any) -> Settings:
     return Settings(home=home or Path("/nonexistent-acs-home"), database_url=url, **values)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.storage.helpers import REDIS_URL
+from tests.services import REDIS_URL
 from tests.unit.access_stack import EngineControl, access_stack
 from vllm_acs.settings import Settings
 from vllm_acs.storage import open_storage

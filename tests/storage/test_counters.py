@@ -8,7 +8,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tests.storage.helpers import REDIS_URL, principal
+from tests.services import REDIS_URL
+from tests.storage.helpers import principal
 from vllm_acs.storage.counters import AdmitRequest, Counters
 from vllm_acs.storage.counters_embedded import EmbeddedCounters
 from vllm_acs.storage.counters_redis import RedisCounters

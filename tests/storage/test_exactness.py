@@ -14,7 +14,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tests.storage.helpers import REDIS_URL, approved_key, principal, settings_for
+from tests.services import REDIS_URL
+from tests.storage.helpers import approved_key, principal, settings_for
 from vllm_acs.storage import open_storage
 from vllm_acs.storage.counters import AdmitRequest
 from vllm_acs.storage.counters_redis import RedisCounters

@@ -11,7 +11,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tests.storage.helpers import REDIS_URL, principal
+from tests.services import REDIS_URL
+from tests.storage.helpers import principal
 from vllm_acs.storage.counters import AdmitRequest
 from vllm_acs.storage.counters_redis import RedisCounters
 
