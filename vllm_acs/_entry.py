@@ -69,6 +69,7 @@ class AcsEndpointPlugin:
         from starlette.middleware.gzip import GZipMiddleware
 
         from . import __version__
+        from .middleware.activation_response import ActivationResponseMiddleware
         from .middleware.auth import AuthMiddleware
         from .middleware.body_limit import BodyLimitMiddleware
         from .middleware.completion_rewrite import CompletionRewriteMiddleware
@@ -96,6 +97,7 @@ class AcsEndpointPlugin:
         app.openapi = lambda: document  # type: ignore[method-assign]
         # add_middleware puts each new one outside the previous: innermost first.
         app.add_middleware(CompletionRewriteMiddleware)
+        app.add_middleware(ActivationResponseMiddleware, capture_dir=settings.capture_dir)
         app.add_middleware(DeferredMiddleware, build=self._admission)
         app.add_middleware(UsageChunkMiddleware)
         app.add_middleware(StrictValidationMiddleware, models=self.models, settings=settings)

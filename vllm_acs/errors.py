@@ -86,6 +86,16 @@ class FullVocabPromptTooLong(InvalidRequest):
     code = "full_vocab_prompt_too_long"
 
 
+class ActivationPromptTooLong(InvalidRequest):
+    code = "activation_prompt_too_long"
+
+
+class PositionSteeringUnavailable(InvalidRequest):
+    """`position_indices` with a 2-D vector: the engine would ignore the positions."""
+
+    code = "position_steering_unavailable"
+
+
 class ChatCompletionsUnsupported(InvalidRequest):
     code = "chat_completions_unsupported"
 
@@ -150,6 +160,19 @@ class VllmOom(UpstreamError):
 
 class UpstreamServerError(UpstreamError):
     code = "upstream_server_error"
+
+
+class CaptureIncomplete(UpstreamError):
+    """The workers processed fewer rows than the answer needs, or marked the capture failed."""
+
+    code = "capture_incomplete"
+    retry_after_s = 1
+
+
+class CaptureRowsMissing(UpstreamError):
+    """No capture at all: the workers never saw the request's payload (not retryable)."""
+
+    code = "capture_rows_missing"
 
 
 class UpstreamBusy(UpstreamServerError):

@@ -24,6 +24,10 @@ class ServedModel:
     # Temperatures above vLLM's cap of 2 need the plugin's logits processor, which vLLM does not
     # load under speculative decoding.
     high_temperature: bool = True
+    # Decoder blocks and residual-stream width, for capture and steering; 0: activations are off.
+    n_layers: int = 0
+    hidden_size: int = 0
+    max_activation_prompt_tokens: int = 0
     default: bool = True
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -51,6 +51,9 @@ class Settings:
     lease_ms: int = 30_000
     # Full-vocabulary prompt logprobs together with an activation capture.
     full_vocab_max_prompt_tokens_with_capture: int = 16
+    # The longest prompt an inline capture takes (`capabilities.max_activation_prompt_tokens`,
+    # also bounded by the model's context): every layer of every token comes back in one answer.
+    max_activation_prompt_tokens: int = 4096
     # The /v1/completions contract (shared/spec/DECISIONS.md): each an operator default.
     body_limit_bytes: int = 8 * 1024 * 1024
     max_output_work: int = 32000  # prompt_count x n x max_tokens

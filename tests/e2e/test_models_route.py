@@ -31,6 +31,8 @@ def test_models_list_has_the_spec_shape(api, model_id, checkpoint):
         "prompt_logprobs": True,
         "prompt_logprobs_full_vocab": True,
         "full_vocab_max_prompt_tokens": 256,
+        "activations": True,
+        "max_activation_prompt_tokens": 2048,
         "chat_template": None,
     }
 

@@ -12,6 +12,12 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
 from ..errors import InvalidRequest
+from .activation_fields import (
+    OutputResidualStream,
+    SteeringVectors,
+    check_output_residual_stream,
+    check_steering_vectors,
+)
 
 SEED_MAX = 2**63 - 1
 
@@ -65,6 +71,18 @@ class CompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     add_special_tokens: bool = True
+    output_residual_stream: OutputResidualStream | None = None
+    apply_steering_vectors: SteeringVectors | None = None
+
+    @field_validator("output_residual_stream")
+    @classmethod
+    def _residual_stream_layers(cls, value: bool | list[int] | None) -> bool | list[int] | None:
+        return check_output_residual_stream(value)
+
+    @field_validator("apply_steering_vectors")
+    @classmethod
+    def _at_most_eight_vectors(cls, value: SteeringVectors | None) -> SteeringVectors | None:
+        return check_steering_vectors(value)
 
     @field_validator("top_k")
     @classmethod

@@ -17,6 +17,7 @@ from ..errors import (
 )
 from ..served_model import NodeModels, ServedModel
 from ..settings import Settings
+from .activation_rules import activation_payload
 from .completion_request import CompletionRequest, parse_completion_request
 from .prompts import PromptBatch, parse_prompt
 from .validated import ValidatedCompletion
@@ -25,8 +26,9 @@ from .validated import ValidatedCompletion
 ENGINE_MAX_TEMPERATURE = 2.0
 TEMPERATURE_SCALE_ARG = "acs_temperature_scale"
 
-# Fields that never go to vLLM as the client sent them: the Rewrite stage sets them.
-_REWRITTEN = {"model", "max_tokens"}
+# Fields that never go to vLLM as the client sent them: the Rewrite stage sets them, or (the
+# activation fields) they travel to the workers in `vllm_xargs`.
+_REWRITTEN = {"model", "max_tokens", "output_residual_stream", "apply_steering_vectors"}
 
 
 def resolve_model(request: CompletionRequest, models: NodeModels) -> ServedModel:
@@ -75,7 +77,13 @@ def _check_logprobs(request: CompletionRequest, model: ServedModel) -> None:
         )
 
 
-def _check_full_vocab(request: CompletionRequest, model: ServedModel, prompts: PromptBatch) -> None:
+def _check_full_vocab(
+    request: CompletionRequest,
+    model: ServedModel,
+    prompts: PromptBatch,
+    capture_cap: int | None,
+) -> None:
+    """`capture_cap`: the lower cap that applies when the request also captures activations."""
     if request.prompt_logprobs != -1:
         return
     cap = model.full_vocab_max_prompt_tokens
@@ -86,6 +94,13 @@ def _check_full_vocab(request: CompletionRequest, model: ServedModel, prompts: P
             param="prompt_logprobs",
         )
     counted = prompts.total_tokens * request.n
+    if capture_cap is not None and cap > 0 and counted > capture_cap:
+        raise FullVocabPromptTooLong(
+            f"'prompt_logprobs': -1 together with 'output_residual_stream' allows at most "
+            f"{capture_cap} prompt tokens; this request has {counted}. Use a fixed top-k "
+            "instead, or capture in a separate request.",
+            param="prompt_logprobs",
+        )
     if counted > cap:
         raise FullVocabPromptTooLong(
             f"'prompt_logprobs': -1 allows at most {cap} prompt tokens x n per request "
@@ -149,8 +164,12 @@ def _context_length(
     )
 
 
-def validate_completion(data: Any, models: NodeModels, settings: Settings) -> ValidatedCompletion:
-    """The request as the rest of the pipeline sees it, or the error the client gets."""
+def validate_completion(
+    data: Any, models: NodeModels, settings: Settings, request_id: str | None = None
+) -> ValidatedCompletion:
+    """The request as the rest of the pipeline sees it, or the error the client gets.
+
+    `request_id` (X-Request-Id) prefixes the capture id of an activation request."""
     request = parse_completion_request(data)
     model = resolve_model(request, models)
     _check_streaming_fields(request)
@@ -166,13 +185,18 @@ def validate_completion(data: Any, models: NodeModels, settings: Settings) -> Va
             param="max_tokens",
         )
     _check_logprobs(request, model)
-    _check_full_vocab(request, model, prompts)
+    payload = activation_payload(request, model, prompts, max_tokens, request_id)
+    capturing = payload is not None and payload.captures
+    capture_cap = settings.full_vocab_max_prompt_tokens_with_capture if capturing else None
+    _check_full_vocab(request, model, prompts, capture_cap)
     longest = max(len(ids) for ids in prompts.token_ids)
     if longest + max_tokens > model.max_model_len:
         raise _context_length(model, longest, max_tokens)
 
     fields = request.model_dump(exclude_unset=True, exclude=_REWRITTEN)
     engine_args = _high_temperature(request, model, fields)
+    if payload is not None:
+        engine_args.update(payload.to_extra_args())
     if prompts.has_empty_text and all(prompts.token_ids):
         # vLLM refuses "" although it means BOS alone: send what it tokenizes to instead.
         fields["prompt"] = prompts.as_token_ids()
@@ -186,6 +210,7 @@ def validate_completion(data: Any, models: NodeModels, settings: Settings) -> Va
         max_tokens_source=source,  # type: ignore[arg-type]
         stream=request.stream,
         engine_args=engine_args,
+        activations=payload,
     )
     validated.clamp(max_tokens, "deadline")
     return validated

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..activations.payload import AcsPayload
 from ..served_model import ServedModel
 
 VALIDATED_COMPLETION_KEY = "acs_completion"
@@ -33,6 +34,8 @@ class ValidatedCompletion:
     engine_args: dict[str, Any] = field(default_factory=dict)
     requested_max_tokens: int = 0
     clamp_reasons: list[str] = field(default_factory=list)
+    # What the workers capture and steer (also in `engine_args`); None for a plain completion.
+    activations: AcsPayload | None = None
 
     def __post_init__(self) -> None:
         if not self.requested_max_tokens:

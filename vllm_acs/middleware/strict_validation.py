@@ -15,7 +15,7 @@ from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from ..errors import AcsError, BadJson
 from ..served_model import NodeModels
 from ..settings import Settings
-from .asgi import ASGIApp, Receive, Scope, Send, header, read_body, send_error
+from .asgi import ASGIApp, Receive, Scope, Send, header, read_body, request_id, send_error
 
 COMPLETIONS_PATH = "/v1/completions"
 # Bodies above this are validated in a worker thread: tokenizing them would stall other requests.
@@ -38,7 +38,7 @@ class StrictValidationMiddleware:
             return
         body = await read_body(receive)
         try:
-            validated = await self._validate(body)
+            validated = await self._validate(body, request_id(scope))
         except AcsError as error:
             await send_error(scope, send, error)
             return
@@ -46,11 +46,11 @@ class StrictValidationMiddleware:
         scope.setdefault("state", {})[VALIDATED_COMPLETION_KEY] = validated
         await self.app(scope, receive, send)
 
-    async def _validate(self, body: bytes) -> ValidatedCompletion:
+    async def _validate(self, body: bytes, rid: str | None) -> ValidatedCompletion:
         try:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             raise BadJson("The request body is not valid JSON.") from None
         if len(body) <= _INLINE_LIMIT_BYTES:
-            return validate_completion(data, self.models, self.settings)
-        return await asyncio.to_thread(validate_completion, data, self.models, self.settings)
+            return validate_completion(data, self.models, self.settings, rid)
+        return await asyncio.to_thread(validate_completion, data, self.models, self.settings, rid)

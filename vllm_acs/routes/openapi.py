@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..contract.activation_fields import CODEC_SCHEMA
 from ..contract.completion_request import CompletionRequest
 from ..settings import Settings
 from .models.protocol import ModelCard, ModelList
@@ -56,6 +57,12 @@ COMPLETION = {
                 },
             },
         },
+        "activations": {
+            "type": "object",
+            "description": "With output_residual_stream: the residual stream in the codec, "
+            "shape [n_layers, prompt tokens + generated tokens - 1, hidden]",
+            "properties": {"residual_stream": CODEC_SCHEMA},
+        },
         "usage": {
             "type": ["object", "null"],
             "properties": {
@@ -94,8 +101,9 @@ HEADERS: dict[str, dict[str, Any]] = {
 
 _ERROR_TEXT = {
     400: "Invalid request (invalid_request, bad_json, model_not_found, context_length_exceeded, "
-    "deadline_infeasible, full_vocab_prompt_too_long, chat_completions_unsupported, "
-    "vllm_invalid_request, vllm_context_length)",
+    "deadline_infeasible, full_vocab_prompt_too_long, activation_prompt_too_long, "
+    "position_steering_unavailable, chat_completions_unsupported, vllm_invalid_request, "
+    "vllm_context_length)",
     401: "No valid key (missing_authorization, invalid_api_key, key_revoked, key_disabled, "
     "account_suspended, account_not_approved)",
     403: "scope_denied: the key lacks the route's scope",
@@ -103,7 +111,8 @@ _ERROR_TEXT = {
     413: "request_too_large",
     429: "budget_exceeded (no Retry-After), queue_full, rate_limited, spend_cap (Retry-After)",
     500: "internal_error",
-    502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error)",
+    502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error; "
+    "capture_incomplete (retry after Retry-After), capture_rows_missing (not retryable))",
 }
 
 
@@ -131,7 +140,11 @@ def _completions_operation() -> dict[str, Any]:
     upstream = ("X-Acs-Upstream-Model", "X-Acs-Upstream-Gpu")
     ok = _json("A completion", "Completion", *upstream, "X-Acs-Max-Tokens-Clamped")
     ok["content"]["text/event-stream"] = {
-        "schema": {"type": "string", "description": "SSE chunks ending with data: [DONE]"}
+        "schema": {
+            "type": "string",
+            "description": "SSE chunks ending with data: [DONE]; with output_residual_stream, "
+            'one chunk with "choices": [] and "activations" comes before the usage chunk',
+        }
     }
     return {
         "operationId": "createCompletion",

@@ -17,6 +17,8 @@ class ModelCapabilities(BaseModel):
     prompt_logprobs: bool
     prompt_logprobs_full_vocab: bool
     full_vocab_max_prompt_tokens: int
+    activations: bool
+    max_activation_prompt_tokens: int
     chat_template: None = None
 
 

@@ -26,6 +26,8 @@ def model_card(model: ServedModel) -> ModelCard:
             prompt_logprobs=True,
             prompt_logprobs_full_vocab=model.full_vocab_max_prompt_tokens > 0,
             full_vocab_max_prompt_tokens=model.full_vocab_max_prompt_tokens,
+            activations=model.n_layers > 0,
+            max_activation_prompt_tokens=model.max_activation_prompt_tokens,
         ),
     )
 
@@ -72,6 +74,12 @@ def served_model_from_engine(
         else 0,
         vocab_size=vocab,
         high_temperature=getattr(vllm_config, "speculative_config", None) is None,
+        # The hooks refuse pipeline parallelism, so every decoder block runs in each worker.
+        n_layers=model_config.get_num_layers(vllm_config.parallel_config),
+        hidden_size=model_config.get_hidden_size(),
+        max_activation_prompt_tokens=min(
+            settings.max_activation_prompt_tokens, model_config.max_model_len
+        ),
     )
 
 
