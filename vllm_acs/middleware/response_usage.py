@@ -51,6 +51,10 @@ class ResponseUsage:
             data = line[5:].strip()
             if not data or data == b"[DONE]":
                 continue
+            if b'"choices":[],"activations":' in data:
+                # The plugin's own residual-stream chunk (activation_response.py): it can be
+                # megabytes and carries no tokens, so it is not parsed on the event loop.
+                continue
             try:
                 chunk = json.loads(data)
             except ValueError:
