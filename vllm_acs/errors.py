@@ -221,6 +221,25 @@ class BudgetExceeded(AcsError):
         self.headers.setdefault("x-should-retry", "false")
 
 
+class ActivationQuotaExceeded(AcsError):
+    """429 a retry cannot fix this month: the key's activation requests are used up."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "activation_quota_exceeded"
+
+    def __init__(
+        self,
+        message: str = (
+            "Monthly activation-request quota exhausted for this API key; it resets at the "
+            "start of next month, UTC."
+        ),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("x-should-retry", "false")
+
+
 class SpendCap(AcsError):
     status = 429
     type = "rate_limit_error"

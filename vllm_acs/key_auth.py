@@ -52,6 +52,11 @@ def principal_for(found: KeyWithAccount, settings: Settings) -> Principal:
             monthly_input_tokens=key.monthly_input_tokens,
             monthly_output_tokens=key.monthly_output_tokens,
             account_monthly_tokens=found.account_monthly_tokens,
+            monthly_activation_requests=(
+                key.monthly_activation_requests
+                if key.monthly_activation_requests is not None
+                else settings.default_monthly_activation_requests
+            ),
             max_running=_or(key.max_running, settings.default_max_running),
             max_waiting=_or(key.max_waiting, settings.default_max_waiting),
             starts_per_minute=_or(key.starts_per_minute, settings.default_starts_per_minute),

@@ -24,7 +24,14 @@ LIMIT_FLAGS = (
     "max_running",
     "max_waiting",
     "starts_per_minute",
+    "monthly_activation_requests",
 )
+# Flags whose name is not the field's: `--monthly-activations` is what operators type.
+_FLAG_NAMES = {"monthly_activation_requests": "--monthly-activations"}
+
+
+def _flag(field: str) -> str:
+    return _FLAG_NAMES.get(field, "--" + field.replace("_", "-"))
 
 
 def _limit(text: str) -> int | None:
@@ -172,7 +179,7 @@ def add_operator_commands(sub: Any) -> None:
     create.add_argument("--name")
     create.add_argument("--scopes", help="comma-separated: completions,jobs,harvest,looms")
     for flag in LIMIT_FLAGS:
-        create.add_argument("--" + flag.replace("_", "-"), type=_limit)
+        create.add_argument(_flag(flag), dest=flag, type=_limit)
     command(create, _keys)
     listing = acts.add_parser("list")
     listing.add_argument("--account")
@@ -185,7 +192,7 @@ def add_operator_commands(sub: Any) -> None:
     setter.add_argument("key", help="id or visible prefix")
     setter.add_argument("--scopes")
     for flag in LIMIT_FLAGS:
-        setter.add_argument("--" + flag.replace("_", "-"), type=_limit, default=_UNSET)
+        setter.add_argument(_flag(flag), dest=flag, type=_limit, default=_UNSET)
     command(setter, _keys)
 
     usage = sub.add_parser("usage", help="tokens per key, model and month; account totals")

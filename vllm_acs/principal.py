@@ -21,6 +21,8 @@ class KeyLimits:
     monthly_input_tokens: int | None = None
     monthly_output_tokens: int | None = None
     account_monthly_tokens: int | None = None
+    # Activation requests (capture or steering) per UTC month; None: unlimited.
+    monthly_activation_requests: int | None = None
     max_running: int = 16
     max_waiting: int = 64
     starts_per_minute: int = 600

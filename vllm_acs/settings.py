@@ -47,6 +47,9 @@ class Settings:
     default_max_running: int = 16
     default_max_waiting: int = 64
     default_starts_per_minute: int = 600
+    # Activation requests (capture or steering) per key and UTC month when the key sets none;
+    # unset: unlimited.
+    default_monthly_activation_requests: int | None = None
     # How long a slot or a hold outlives the process holding it (the holder renews it).
     lease_ms: int = 30_000
     # Full-vocabulary prompt logprobs together with an activation capture.

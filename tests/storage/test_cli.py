@@ -35,7 +35,7 @@ def _cli(url: str, home: Path, *args: str, ok: bool = True) -> Any:
 
 
 def test_operator_commands_against_a_live_database(database_url: str, tmp_path: Path):
-    assert _cli(database_url, tmp_path, "db", "upgrade", "--json") == {"revision": "0001"}
+    assert _cli(database_url, tmp_path, "db", "upgrade", "--json") == {"revision": "0002"}
 
     async def live() -> None:
         # The "node": opened before the keys exist, kept open while the CLI changes things.
@@ -61,6 +61,8 @@ def test_operator_commands_against_a_live_database(database_url: str, tmp_path: 
                 "100",
                 "--max-running",
                 "4",
+                "--monthly-activations",
+                "5",
                 "--scopes",
                 "completions,jobs",
                 "--json",
@@ -72,6 +74,7 @@ def test_operator_commands_against_a_live_database(database_url: str, tmp_path: 
             headers = {"authorization": f"Bearer {created['key']}"}
             principal = await plugin.acs_authenticate(headers)
             assert principal.limits.daily_tokens == 100 and principal.limits.max_running == 4
+            assert principal.limits.monthly_activation_requests == 5
             assert principal.scopes == {"completions", "jobs"}
 
             listed = _cli(database_url, tmp_path, "keys", "list", "--json")
@@ -79,6 +82,7 @@ def test_operator_commands_against_a_live_database(database_url: str, tmp_path: 
                 (created["id"], created["prefix"], "active")
             ]
             assert all("key" not in k and "secret_hash" not in k for k in listed)
+            assert listed[0]["monthly_activation_requests"] == 5
             assert (
                 _cli(database_url, tmp_path, "keys", "pause", created["prefix"], "--json")["state"]
                 == "paused"
@@ -99,12 +103,16 @@ def test_operator_commands_against_a_live_database(database_url: str, tmp_path: 
                 "none",
                 "--starts-per-minute",
                 "5",
+                "--monthly-activations",
+                "none",
                 "--json",
             )
             assert changed["daily_tokens"] is None and changed["starts_per_minute"] == 5
+            assert changed["monthly_activation_requests"] is None
             assert changed["monthly_tokens"] == 1000
             principal = await plugin.acs_authenticate(headers)
             assert principal.limits.daily_tokens is None
+            assert principal.limits.monthly_activation_requests is None
 
             storage.ledger.record(
                 UsageRow(

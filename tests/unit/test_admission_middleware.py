@@ -266,3 +266,19 @@ def test_client_leaving_the_queue_frees_its_place(tmp_path: Path):
         assert statuses == [200, 499]
 
     _run(tmp_path, body, max_running=1, max_waiting=1)
+
+
+def test_the_activation_quota_refusal_is_its_own_code_and_not_retryable():
+    from vllm_acs.middleware.admission import refusal
+    from vllm_acs.storage.errors import BudgetExhausted
+    from vllm_acs.storage.periods import ACTIVATION_QUOTA
+
+    error = refusal(BudgetExhausted(ACTIVATION_QUOTA))
+    assert (error.status, error.code, error.type) == (
+        429,
+        "activation_quota_exceeded",
+        "rate_limit_error",
+    )
+    assert "start of next month, UTC" in error.message
+    assert error.headers == {"x-should-retry": "false"}
+    assert refusal(BudgetExhausted("key_monthly")).code == "budget_exceeded"

@@ -2,8 +2,9 @@
 
 API server process, after StrictValidation and before Rewrite. It reads the ValidatedCompletion
 and the principal from `scope["state"]`, may lower max_tokens (X-Acs-Max-Tokens-Clamped), answers
-429 spend_cap / budget_exceeded / rate_limited / queue_full, and settles the Hold to the real usage
-however the request ends, then queues one metadata-only usage row.
+429 spend_cap / budget_exceeded / activation_quota_exceeded / rate_limited / queue_full, and
+settles the Hold to the real usage however the request ends, then queues one metadata-only usage
+row.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import time
 from datetime import datetime, timezone
 
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
-from ..errors import AcsError, BudgetExceeded, SpendCap, TrafficLimited
+from ..errors import AcsError, ActivationQuotaExceeded, BudgetExceeded, SpendCap, TrafficLimited
 from ..principal import PRINCIPAL_STATE_KEY, Principal
-from ..storage.counters import AdmitRequest, Counters, Ticket
+from ..storage.counters import AdmitRequest, Counters, Ticket, activation_units
 from ..storage.errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted
 from ..storage.ledger import UsageLedger
-from ..storage.periods import BUDGET_MESSAGES
+from ..storage.periods import ACTIVATION_QUOTA, BUDGET_MESSAGES
 from ..storage.usage import UsageRow
 from .admission_wait import ClientGone, wait_watching_disconnect
 from .asgi import ASGIApp, Message, Receive, Scope, Send, request_id, send_error
@@ -31,6 +32,8 @@ CLAMP_HEADER = b"x-acs-max-tokens-clamped"
 
 def refusal(error: Exception) -> AcsError:
     """The client-facing answer for a storage refusal."""
+    if isinstance(error, BudgetExhausted) and error.budget == ACTIVATION_QUOTA:
+        return ActivationQuotaExceeded()
     if isinstance(error, BudgetExhausted):
         return BudgetExceeded(BUDGET_MESSAGES.get(error.budget, "Token budget exhausted."))
     if isinstance(error, StartsExhausted):
@@ -107,6 +110,7 @@ class _Admission:
                         prompt_tokens=self.validated.prompt_tokens,
                         choices=self.validated.choices,
                         max_tokens=self.validated.max_tokens,
+                        activation=self.validated.activations is not None,
                     )
                 )
             except (BudgetExhausted, StartsExhausted, QueueFull) as error:
@@ -132,7 +136,12 @@ class _Admission:
             raise
         finally:
             prompt, completion = self.meter.tokens(self.validated.prompt_tokens)
-            self._record(self.meter.status or 500, prompt, completion)
+            units = (
+                activation_units(self.ticket, prompt, completion)
+                if self.validated.activations is not None
+                else 0
+            )
+            self._record(self.meter.status or 500, prompt, completion, units)
             try:
                 # Shielded: a cancelled request must still give its slot and Hold back.
                 await asyncio.shield(self.m.counters.settle(self.ticket, prompt, completion))
@@ -162,7 +171,7 @@ class _Admission:
 
         return send_metered
 
-    def _record(self, status: int, prompt: int, completion: int) -> None:
+    def _record(self, status: int, prompt: int, completion: int, activations: int = 0) -> None:
         self.m.ledger.record(
             UsageRow(
                 route=self.scope.get("path", ""),
@@ -176,6 +185,7 @@ class _Admission:
                 account_id=self.principal.account_id,
                 model=self.validated.model.id,
                 workload=self.validated.workload,
+                activation_requests=activations,
                 created_at=self.admitted_at,
             )
         )

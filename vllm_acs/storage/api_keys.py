@@ -31,6 +31,7 @@ LIMIT_FIELDS = (
     "max_running",
     "max_waiting",
     "starts_per_minute",
+    "monthly_activation_requests",
 )
 
 
@@ -49,6 +50,7 @@ class ApiKey:
     max_running: int | None
     max_waiting: int | None
     starts_per_minute: int | None
+    monthly_activation_requests: int | None
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "scopes": list(self.scopes)}

@@ -24,10 +24,12 @@ class AdmitRequest:
     prompt_tokens: int
     choices: int
     max_tokens: int
+    # A capture or steering request: it also takes a unit of the key's monthly activation quota.
+    activation: bool = False
 
     @property
     def lines(self) -> list[BudgetLine]:
-        return budget_lines(self.principal)
+        return budget_lines(self.principal, activation=self.activation)
 
 
 @dataclass
@@ -49,12 +51,23 @@ class Ticket:
 
     @property
     def held_tokens(self) -> int:
-        return sum(amount for amount, _ in self.reserved.values())
+        return sum(amount for amount, kind in self.reserved.values() if kind != "requests")
 
 
 def charge(kind: BudgetKind, reserved: int, prompt_tokens: int, completion_tokens: int) -> int:
     """What a settled request costs one budget: its real usage, never more than was held."""
     return min(reserved, reservation(kind, prompt_tokens, completion_tokens))
+
+
+def engine_prompt(ticket: Ticket, prompt_tokens: int) -> int:
+    """The prompt an activation unit settles at: an error answer reports no usage, but once the
+    engine worked on the prompt (reported progress) the unit stays used."""
+    return max(prompt_tokens, ticket.progress_prompt)
+
+
+def activation_units(ticket: Ticket, prompt_tokens: int, completion_tokens: int) -> int:
+    """The activation units an activation request's usage row records (0 or 1)."""
+    return reservation("requests", engine_prompt(ticket, prompt_tokens), completion_tokens)
 
 
 class Counters(abc.ABC):

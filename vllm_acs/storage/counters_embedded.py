@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .counters import AdmitRequest, Counters, SettledReader, Ticket, charge
+from .counters import AdmitRequest, Counters, SettledReader, Ticket, charge, engine_prompt
 from .errors import BudgetExhausted, QueueFull, StartsExhausted
-from .periods import counter_with_period, max_tokens_that_fit, reservation
+from .periods import counter_with_period, hold, max_tokens_that_fit
 
 logger = logging.getLogger(__name__)
 _WINDOW_S = 60.0
@@ -85,7 +85,7 @@ class EmbeddedCounters(Counters):
         )
         output = request.choices * applied
         for line, counter in lines:
-            amount = reservation(line.kind, request.prompt_tokens, output)
+            amount = hold(line.kind, request.prompt_tokens, output)
             ticket.reserved[counter] = (amount, line.kind)
             self._committed[counter] += amount
         traffic.starts.append(clock)
@@ -126,9 +126,8 @@ class EmbeddedCounters(Counters):
         ticket.settled = True
         self._release_slot(ticket)
         for counter, (amount, kind) in ticket.reserved.items():
-            self._committed[counter] -= amount - charge(
-                kind, amount, prompt_tokens, completion_tokens
-            )
+            prompt = engine_prompt(ticket, prompt_tokens) if kind == "requests" else prompt_tokens
+            self._committed[counter] -= amount - charge(kind, amount, prompt, completion_tokens)
 
     async def committed(self, counter: str) -> int:
         await self._load([counter])

@@ -16,8 +16,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from .counters import AdmitRequest, Counters, SettledReader, Ticket
+from .counters import AdmitRequest, Counters, SettledReader, Ticket, engine_prompt
 from .errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted, StorageError
+from .periods import hold
 
 logger = logging.getLogger(__name__)
 _POLL_S = (0.005, 0.05)
@@ -117,9 +118,7 @@ class RedisCounters(Counters):
         output = request.choices * ticket.applied_max_tokens
         for line in lines:
             period = day if line.granularity == "day" else month
-            amount = {"input": request.prompt_tokens, "output": output}.get(
-                line.kind, request.prompt_tokens + output
-            )
+            amount = hold(line.kind, request.prompt_tokens, output)
             ticket.reserved[f"{line.counter}:{period}"] = (amount, line.kind)
         self._in_flight[ticket.id] = ticket
         self._ensure_renewer()
@@ -145,7 +144,8 @@ class RedisCounters(Counters):
         ticket.settled = True
         self._in_flight.pop(ticket.id, None)
         keys = [*self._slot_keys(ticket.key_id), self._k("holds"), self._k("hold", ticket.id)]
-        settled = await self._settle(keys, [ticket.id, prompt_tokens, completion_tokens])
+        args = [ticket.id, prompt_tokens, completion_tokens, engine_prompt(ticket, prompt_tokens)]
+        settled = await self._settle(keys, args)
         if not settled:
             logger.warning(
                 "hold %s had expired before it settled; charged its last progress", ticket.id

@@ -13,7 +13,10 @@ from typing import Literal
 
 from ..principal import Principal
 
-BudgetKind = Literal["total", "input", "output"]
+# "requests" counts activation requests, one unit each, not tokens.
+BudgetKind = Literal["total", "input", "output", "requests"]
+# The line of the monthly activation quota: refused as activation_quota_exceeded, not as a budget.
+ACTIVATION_QUOTA = "key_monthly_activations"
 
 # The messages name the budget that refused, as the spec's Budget-cap recovery page lists them.
 BUDGET_MESSAGES: dict[str, str] = {
@@ -57,11 +60,14 @@ def all_lines(key_id: str, account_id: str) -> list[tuple[str, str, str, BudgetK
         ("key_monthly_input", f"key:{key_id}:month-in", "month", "input"),
         ("key_monthly_output", f"key:{key_id}:month-out", "month", "output"),
         ("account_monthly", f"account:{account_id}:month", "month", "total"),
+        # Last: a token budget that refuses is named first (the quota is checked after it).
+        (ACTIVATION_QUOTA, f"key:{key_id}:month-act", "month", "requests"),
     ]
 
 
-def budget_lines(principal: Principal) -> list[BudgetLine]:
-    """The budgets that apply to `principal` (those with a limit), in the order they are named."""
+def budget_lines(principal: Principal, *, activation: bool = False) -> list[BudgetLine]:
+    """The budgets that apply to `principal` (those with a limit), in the order they are named;
+    the activation quota only for an activation request."""
     limits = principal.limits
     by_name = {
         "key_monthly": limits.monthly_tokens,
@@ -69,6 +75,7 @@ def budget_lines(principal: Principal) -> list[BudgetLine]:
         "key_monthly_input": limits.monthly_input_tokens,
         "key_monthly_output": limits.monthly_output_tokens,
         "account_monthly": limits.account_monthly_tokens,
+        ACTIVATION_QUOTA: limits.monthly_activation_requests if activation else None,
     }
     return [
         BudgetLine(name, counter, granularity, kind, by_name[name])  # type: ignore[arg-type]
@@ -78,11 +85,20 @@ def budget_lines(principal: Principal) -> list[BudgetLine]:
 
 
 def reservation(kind: BudgetKind, prompt_tokens: int, output_tokens: int) -> int:
+    """What a request with this usage costs one budget. An activation request keeps its unit
+    once the engine worked on it (any usage): one refused before the engine ran costs nothing."""
+    if kind == "requests":
+        return 1 if prompt_tokens + output_tokens > 0 else 0
     if kind == "input":
         return prompt_tokens
     if kind == "output":
         return output_tokens
     return prompt_tokens + output_tokens
+
+
+def hold(kind: BudgetKind, prompt_tokens: int, output_tokens: int) -> int:
+    """What admission holds on one budget: the most the request may cost it."""
+    return 1 if kind == "requests" else reservation(kind, prompt_tokens, output_tokens)
 
 
 def max_tokens_that_fit(
@@ -95,7 +111,9 @@ def max_tokens_that_fit(
     applied = max_tokens
     for line, committed in lines:
         available = line.limit - committed
-        if line.kind == "input":
+        if line.kind == "requests":
+            fits = max_tokens if available >= 1 else 0
+        elif line.kind == "input":
             fits = max_tokens if prompt_tokens <= available else 0
         elif line.kind == "output":
             fits = max(0, available) // choices

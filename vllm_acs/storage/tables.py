@@ -52,6 +52,8 @@ api_keys = Table(
     Column("max_running", Integer, nullable=True),
     Column("max_waiting", Integer, nullable=True),
     Column("starts_per_minute", Integer, nullable=True),
+    # Activation requests per UTC month (migration 0002); None: the operator's default.
+    Column("monthly_activation_requests", Integer, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("revoked_at", DateTime(timezone=True), nullable=True),
 )
@@ -80,6 +82,8 @@ usage_rows = Table(
     Column("status", Integer, nullable=False),
     Column("latency_ms", Integer, nullable=False),
     Column("workload", String(64), nullable=True),
+    # 1 when the row is an activation request that used a unit of the monthly quota (0002).
+    Column("activation_requests", Integer, nullable=False, default=0, server_default="0"),
     # The UTC month of the hold (`2026-11`): usage is reported per month without date maths.
     Column("period", String(7), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),

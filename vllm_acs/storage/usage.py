@@ -33,6 +33,8 @@ class UsageRow:
     account_id: str | None = None
     model: str | None = None
     workload: str | None = None
+    # 1 when an activation request used a unit of the key's monthly quota.
+    activation_requests: int = 0
     # When the request was admitted: its tokens count in that UTC day and month.
     created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
@@ -47,7 +49,10 @@ def counter_increments(rows: Iterable[UsageRow]) -> dict[str, int]:
         if row.key_id is None or row.account_id is None:
             continue
         for _, counter, granularity, kind in all_lines(row.key_id, row.account_id):
-            amount = reservation(kind, row.prompt_tokens, row.completion_tokens)
+            if kind == "requests":
+                amount = row.activation_requests
+            else:
+                amount = reservation(kind, row.prompt_tokens, row.completion_tokens)
             if amount:
                 totals[counter_with_period(counter, granularity, row.created_at)] += amount
     return dict(totals)

@@ -31,7 +31,9 @@ local function civil(days)
   return y, m, d
 end
 
+-- An activation unit ('requests') stays used once the engine worked on the request.
 local function reservation(kind, p, o)
+  if kind == 'requests' then return (p + o > 0) and 1 or 0 end
   if kind == 'input' then return p end
   if kind == 'output' then return o end
   return p + o
@@ -85,7 +87,9 @@ for i = 0, n_lines - 1 do
   if not settled then missing[#missing + 1] = line.counter end
   local available = line.limit - tonumber(settled or '0')
   local fits
-  if line.kind == 'input' then
+  if line.kind == 'requests' then
+    fits = (available >= 1) and max_tokens or 0
+  elseif line.kind == 'input' then
     fits = (prompt <= available) and max_tokens or 0
   elseif line.kind == 'output' then
     fits = math.floor(math.max(0, available) / choices)
@@ -133,7 +137,7 @@ redis.call('PEXPIRE', KEYS[1], lease_ms * 4)
 local output = choices * applied
 local hold = {'pp', 0, 'po', 0}
 for _, line in ipairs(lines) do
-  local amount = reservation(line.kind, prompt, output)
+  local amount = (line.kind == 'requests') and 1 or reservation(line.kind, prompt, output)
   redis.call('INCRBY', line.counter, amount)
   -- Outlive the period (a month is at most 31 days) so late settles still find the counter.
   redis.call('PEXPIRE', line.counter, (line.gran == 'day' and 3 or 62) * 86400000)

@@ -1,9 +1,11 @@
 -- Settles a ticket: charges the real usage (never above the Hold), frees the rest and the slot.
 -- KEYS: 1 running zset, 2 waiting zset, 3 waiting leases zset, 4 holds zset, 5 the hold hash
--- ARGV: 1 ticket, 2 prompt tokens, 3 completion tokens
+-- ARGV: 1 ticket, 2 prompt tokens, 3 completion tokens, 4 prompt the engine worked on (an
+--       activation unit settles at it: an error answer reports no usage but used the engine)
 -- Returns 1, or 0 when the Hold had already expired (and was settled at the reported progress).
 
 local function reservation(kind, p, o)
+  if kind == 'requests' then return (p + o > 0) and 1 or 0 end
   if kind == 'input' then return p end
   if kind == 'output' then return o end
   return p + o
@@ -26,7 +28,9 @@ for name, value in pairs(h) do
   if string.sub(name, 1, 2) == 'c:' then
     local counter = string.sub(name, 3)
     local reserved = tonumber(value)
-    local charged = math.min(reserved, reservation(h['k:' .. counter], prompt, output))
+    local kind = h['k:' .. counter]
+    local p = (kind == 'requests') and tonumber(ARGV[4] or '0') or prompt
+    local charged = math.min(reserved, reservation(kind, p, output))
     redis.call('DECRBY', counter, reserved - charged)
   end
 end
