@@ -14,18 +14,11 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .principal import KEY_LIMIT_FIELDS
 from .settings import Settings
 
-LIMIT_FLAGS = (
-    "monthly_tokens",
-    "daily_tokens",
-    "monthly_input_tokens",
-    "monthly_output_tokens",
-    "max_running",
-    "max_waiting",
-    "starts_per_minute",
-    "monthly_activation_requests",
-)
+# Every key limit is a flag of `keys create` / `keys set`, named like the field.
+LIMIT_FLAGS = KEY_LIMIT_FIELDS
 # Flags whose name is not the field's: `--monthly-activations` is what operators type.
 _FLAG_NAMES = {"monthly_activation_requests": "--monthly-activations"}
 

@@ -28,6 +28,20 @@ class KeyLimits:
     starts_per_minute: int = 600
 
 
+# The limits a key itself stores (`account_monthly_tokens` is the account's): the api_keys
+# columns and the `vllm-acs keys create|set` flags.
+KEY_LIMIT_FIELDS = (
+    "monthly_tokens",
+    "daily_tokens",
+    "monthly_input_tokens",
+    "monthly_output_tokens",
+    "max_running",
+    "max_waiting",
+    "starts_per_minute",
+    "monthly_activation_requests",
+)
+
+
 @dataclass(frozen=True)
 class Principal:
     """An authenticated caller. `key_id` names the counters its budgets and slots live under."""

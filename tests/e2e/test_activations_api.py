@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.reference import row_errors, transformers_blocks
 from vllm_acs.activations.store import SUFFIX, capture_root
 from vllm_acs.client import decode_residual_stream, encode_vector
 
@@ -32,29 +33,7 @@ def tokenizer(tiny_model_dir: Path):
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path):
-    """Token ids -> transformers' block outputs [4, tokens, hidden] on the same weights."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-    def blocks(ids: list[int]) -> np.ndarray:
-        grabbed: dict[str, Any] = {}
-
-        def grab(module: Any, args: Any, output: Any) -> None:
-            grabbed["last"] = output[0] if isinstance(output, tuple) else output
-
-        # transformers returns the last block's output normed: read the block itself.
-        handle = model.model.layers[-1].register_forward_hook(grab)
-        try:
-            with torch.no_grad():
-                states = model(torch.tensor([ids]), output_hidden_states=True)
-        finally:
-            handle.remove()
-        out = [states.hidden_states[k + 1][0] for k in range(N_LAYERS - 1)]
-        return torch.stack([*out, grabbed["last"][0]]).numpy()
-
-    return blocks
+    return transformers_blocks(tiny_model_dir)
 
 
 def _generated_ids(tokenizer, tokens: list[str]) -> list[int]:
@@ -67,10 +46,6 @@ def _generated_ids(tokenizer, tokens: list[str]) -> list[int]:
         assert len(by_text.get(token, [])) == 1, f"token {token!r} is not one vocab entry"
         ids.append(by_text[token][0])
     return ids
-
-
-def _row_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    return np.linalg.norm(got - want, axis=-1) / np.linalg.norm(want, axis=-1)
 
 
 def _leftovers(prefix: str) -> list[Path]:
@@ -104,9 +79,9 @@ def test_captured_rows_equal_transformers_for_prompt_and_generated_tokens(
     rows = decode_residual_stream(result)
     assert rows.shape == (2, len(ids) + 5 - 1, HIDDEN)
     want = reference(ids + fed_back)[[0, 3]]
-    assert _row_errors(rows, want).max() < ROW_TOLERANCE
+    assert row_errors(rows, want).max() < ROW_TOLERANCE
     # Off by one position the rows are far apart: the comparison can fail.
-    assert np.median(_row_errors(rows[:, 1:], want[:, :-1])) > 10 * ROW_TOLERANCE
+    assert np.median(row_errors(rows[:, 1:], want[:, :-1])) > 10 * ROW_TOLERANCE
     assert _leftovers(rid) == []
 
 
@@ -117,7 +92,7 @@ def test_true_captures_every_layer_of_the_prompt(api, model_id, tokenizer, refer
     assert answer.status_code == 200, answer.text
     rows = decode_residual_stream(answer.json())
     assert rows.shape == (N_LAYERS, len(ids), HIDDEN)
-    assert _row_errors(rows, reference(ids)).max() < ROW_TOLERANCE
+    assert row_errors(rows, reference(ids)).max() < ROW_TOLERANCE
 
 
 def test_concurrent_captures_each_get_their_own_rows(api, model_id, tokenizer, reference):
@@ -137,7 +112,7 @@ def test_concurrent_captures_each_get_their_own_rows(api, model_id, tokenizer, r
         rows = decode_residual_stream(answer)
         assert rows.shape == (2, len(ids) + 3 - 1, HIDDEN)
         want = reference(ids)[[0, 3]]
-        assert _row_errors(rows[:, : len(ids)], want).max() < ROW_TOLERANCE
+        assert row_errors(rows[:, : len(ids)], want).max() < ROW_TOLERANCE
 
 
 def _stream(api, body: dict[str, Any]) -> list[Any]:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.reference import row_errors, transformers_blocks
 from vllm_acs.activations.codec import bf16_bits_to_float
 
 pytestmark = pytest.mark.e2e
@@ -73,33 +74,7 @@ def chunked(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path):
-    """transformers on the same weights: block k's output for k = 0..3 (the last read with a
-    hook, since transformers returns it normed)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-    def blocks(ids: list[int]) -> np.ndarray:
-        grabbed: dict[str, Any] = {}
-
-        def grab(module: Any, args: Any, output: Any) -> None:
-            grabbed["last"] = output[0] if isinstance(output, tuple) else output
-
-        handle = model.model.layers[-1].register_forward_hook(grab)
-        try:
-            with torch.no_grad():
-                out = model(torch.tensor([ids]), output_hidden_states=True)
-        finally:
-            handle.remove()
-        states = [out.hidden_states[k + 1][0] for k in range(3)] + [grabbed["last"][0]]
-        return torch.stack(states).numpy()
-
-    return blocks
-
-
-def _row_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    return np.linalg.norm(got - want, axis=-1) / np.linalg.norm(want, axis=-1)
+    return transformers_blocks(tiny_model_dir)
 
 
 def _check_against_reference(result: dict[str, Any], layers: list[int], reference) -> None:
@@ -107,11 +82,11 @@ def _check_against_reference(result: dict[str, Any], layers: list[int], referenc
     got = bf16_bits_to_float(result["capture"])
     assert got.shape == (len(layers), len(prompt) + len(generated) - 1, 128)
     want = reference(prompt + generated[:-1])[layers]
-    assert _row_errors(got, want).max() < ROW_TOLERANCE
+    assert row_errors(got, want).max() < ROW_TOLERANCE
     if got.shape[1] > 1:
         # The comparison can fail: rows off by one position are far apart (most of them; a
         # repeated token can give a close neighbour).
-        assert np.median(_row_errors(got[:, 1:], want[:, :-1])) > 10 * ROW_TOLERANCE
+        assert np.median(row_errors(got[:, 1:], want[:, :-1])) > 10 * ROW_TOLERANCE
 
 
 def test_capture_matches_transformers_on_prompt_and_generated_rows(wide, reference):

@@ -17,22 +17,13 @@ from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ..principal import SCOPES
+from ..principal import KEY_LIMIT_FIELDS, SCOPES
 from .api_key_secret import hash_secret, new_secret, visible_prefix
 from .errors import ConflictError, NotFoundError
 from .tables import accounts, api_keys
 
 KEY_STATES = ("active", "paused", "revoked")
-LIMIT_FIELDS = (
-    "monthly_tokens",
-    "daily_tokens",
-    "monthly_input_tokens",
-    "monthly_output_tokens",
-    "max_running",
-    "max_waiting",
-    "starts_per_minute",
-    "monthly_activation_requests",
-)
+LIMIT_FIELDS = KEY_LIMIT_FIELDS
 
 
 @dataclass(frozen=True)

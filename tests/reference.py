@@ -1,0 +1,44 @@
+"""transformers on the tiny weights: the reference the captured residual stream must match."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def transformers_blocks(model_dir: Path) -> Callable[[list[int]], np.ndarray]:
+    """Token ids -> every decoder block's output [n_layers, tokens, hidden], in fp32.
+
+    Block k is `hidden_states[k + 1]`, except the last, which transformers returns normed: that
+    one is read from the block itself with a forward hook.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    n_layers = model.config.num_hidden_layers
+
+    def blocks(ids: list[int]) -> np.ndarray:
+        grabbed: dict[str, Any] = {}
+
+        def grab(module: Any, args: Any, output: Any) -> None:
+            grabbed["last"] = output[0] if isinstance(output, tuple) else output
+
+        handle = model.model.layers[-1].register_forward_hook(grab)
+        try:
+            with torch.no_grad():
+                out = model(torch.tensor([ids]), output_hidden_states=True)
+        finally:
+            handle.remove()
+        states = [out.hidden_states[k + 1][0] for k in range(n_layers - 1)]
+        return torch.stack([*states, grabbed["last"][0]]).numpy()
+
+    return blocks
+
+
+def row_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Relative L2 error of each row (last axis)."""
+    return np.linalg.norm(got - want, axis=-1) / np.linalg.norm(want, axis=-1)
