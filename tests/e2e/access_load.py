@@ -62,3 +62,32 @@ def hold_burst(urls: list[str], key: str, body: dict[str, Any], count: int) -> C
     """`count` streaming requests at once; the admitted ones stay open until all are answered,
     so the running slots are never freed during the burst. Returns the tally of answers."""
     return asyncio.run(_hold_burst(urls, key, {**body, "stream": True}, count))
+
+
+BODY = {"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 2}  # 4 prompt tokens
+COST = 4 + 2
+# 16 samples of 1900 tokens: it runs far longer than a burst of 200 requests takes to answer.
+LONG_BODY = {**BODY, "max_tokens": 1900, "n": 16, "temperature": 1}
+
+
+def assert_budget_is_exact(servers: list[Any], account: str, admitted: int = 37) -> None:
+    """200 requests at once against a budget that fits exactly `admitted` of them."""
+    key = servers[0].create_key(
+        account,
+        *("--monthly-tokens", str(admitted * COST), "--max-running", "250"),
+        *("--max-waiting", "250", "--starts-per-minute", "1000"),
+    )
+    responses = burst([s.base_url for s in servers], key, BODY, 200)
+    counted = tally(responses)
+    assert counted == {"200": admitted, "budget_exceeded": 200 - admitted}, counted
+    assert spent(responses) == admitted * COST
+
+
+def assert_running_slots_are_exact(servers: list[Any], account: str, slots: int = 5) -> None:
+    """200 requests at once against `slots` running slots and no waiting room."""
+    key = servers[-1].create_key(
+        account,
+        *("--max-running", str(slots), "--max-waiting", "0", "--starts-per-minute", "1000"),
+    )
+    outcomes = hold_burst([s.base_url for s in servers], key, LONG_BODY, 200)
+    assert outcomes == {"200": slots, "queue_full": 200 - slots}, outcomes
