@@ -181,6 +181,10 @@ class UpstreamBusy(UpstreamServerError):
     retry_after_s = 2
 
 
+# Where RequestIdMiddleware keeps the request's id on `scope["state"]`: every error body carries it.
+REQUEST_ID_STATE_KEY = "acs_request_id"
+
+
 def error_body(error: AcsError, request_id: str | None) -> dict[str, Any]:
     """The JSON body of an error answer."""
     return {

@@ -66,6 +66,3 @@ class NodeModels:
 
     def default(self) -> ServedModel | None:
         return next((m for m in self._models.values() if m.default), None)
-
-    def by_checkpoint(self, name: str) -> ServedModel | None:
-        return next((m for m in self._models.values() if m.checkpoint == name), None)

@@ -30,6 +30,7 @@ from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from ..errors import AcsError, CaptureIncomplete, CaptureRowsMissing
 from .asgi import ASGIApp, Message, Receive, Scope, Send, request_id, send_error
 from .error_envelope import sse_error_frame
+from .sse import SseEventBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class _StreamResponder:
     def __init__(self, scope: Scope, send: Send, capture: Capture) -> None:
         self.scope, self.send_downstream, self.capture = scope, send, capture
         self.passthrough = False
-        self.pending = b""
+        self.events = SseEventBuffer()
         self.head: dict[str, Any] = {}
         self.usage_event: bytes | None = None
         self.usage: Any = None
@@ -193,14 +194,9 @@ class _StreamResponder:
             await self.send_downstream(message)
             return
         more = message.get("more_body", False)
-        data = self.pending + message.get("body", b"")
-        boundary = data.rfind(b"\n\n")
-        cut = len(data) if not more else (boundary + 2 if boundary >= 0 else 0)
-        complete, self.pending = data[:cut], data[cut:]
         out: list[bytes] = []
-        for event in complete.split(b"\n\n"):
-            if event.strip():
-                out.extend(await self._event(event.strip()))
+        for event in self.events.feed(message.get("body", b""), more):
+            out.extend(await self._event(event.strip()))
         if not more and not self.closed:
             out.extend(await self._close(done=False))  # the engine ended without [DONE]
         await self.send_downstream({**message, "body": b"".join(out), "more_body": more})

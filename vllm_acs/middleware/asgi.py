@@ -9,15 +9,13 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ..errors import AcsError, error_body
+from ..errors import REQUEST_ID_STATE_KEY, AcsError, error_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-REQUEST_ID_STATE_KEY = "acs_request_id"
 
 
 def header(scope: Scope, name: bytes) -> str | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import AcsError, InternalError, error_body
 from .asgi import ASGIApp, Message, Receive, Scope, Send, request_id, send_error
+from .sse import SseEventBuffer
 from .upstream_errors import engine_error, foreign_message, framework_error, is_acs_envelope
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class _Responder:
         self.stream_failed = False
         self.held_start: Message | None = None
         self.held_body: list[bytes] = []
-        self.pending_sse = b""
+        self.events = SseEventBuffer()
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -108,15 +109,8 @@ class _Responder:
             if not more:  # the engine's own `[DONE]` and the like are dropped after an error
                 await self._end_body()
             return
-        data = self.pending_sse + chunk
-        boundary = data.rfind(b"\n\n")
-        # Hold back an event that has not ended yet; the last chunk flushes everything.
-        cut = len(data) if not more else (boundary + 2 if boundary >= 0 else 0)
-        complete, self.pending_sse = data[:cut], data[cut:]
         out: list[bytes] = []
-        for event in complete.split(b"\n\n"):
-            if not event.strip():
-                continue
+        for event in self.events.feed(chunk, more):
             error = self._stream_error(event)
             if error is not None:
                 out.append(sse_error_frame(error, request_id(self.scope)))

@@ -12,6 +12,7 @@ import json
 
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from .asgi import ASGIApp, Message, Receive, Scope, Send
+from .sse import EVENT_END, SseEventBuffer
 
 
 def client_wants_usage(validated: ValidatedCompletion) -> bool:
@@ -44,11 +45,11 @@ class UsageChunkMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        pending = b""
+        events = SseEventBuffer()
         is_stream = False  # an error answer (JSON) passes untouched
 
         async def send_without_usage(message: Message) -> None:
-            nonlocal pending, is_stream
+            nonlocal is_stream
             if message["type"] == "http.response.start":
                 is_stream = any(
                     k.lower() == b"content-type" and v.startswith(b"text/event-stream")
@@ -57,16 +58,8 @@ class UsageChunkMiddleware:
             if message["type"] != "http.response.body" or not is_stream:
                 await send(message)
                 return
-            more = message.get("more_body", False)
-            data = pending + message.get("body", b"")
-            boundary = data.rfind(b"\n\n")
-            cut = len(data) if not more else (boundary + 2 if boundary >= 0 else 0)
-            complete, pending = data[:cut], data[cut:]
-            kept = [
-                event + b"\n\n"
-                for event in complete.split(b"\n\n")
-                if event.strip() and not is_usage_only_event(event)
-            ]
+            events_here = events.feed(message.get("body", b""), message.get("more_body", False))
+            kept = [event + EVENT_END for event in events_here if not is_usage_only_event(event)]
             await send({**message, "body": b"".join(kept)})
 
         await self.app(scope, receive, send_without_usage)

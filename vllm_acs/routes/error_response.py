@@ -8,9 +8,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from ..errors import AcsError, error_body
-
-REQUEST_ID_STATE_KEY = "acs_request_id"  # set by RequestIdMiddleware on scope["state"]
+from ..errors import REQUEST_ID_STATE_KEY, AcsError, error_body
 
 
 def error_response(request: Request, error: AcsError) -> JSONResponse:
