@@ -1,12 +1,17 @@
 """Output tokens/s of the offline vLLM engine with and without the capture/steering hooks.
 
-Plain vLLM (the acs plugin not loaded) runs in one subprocess; the plugin idle, capturing one
-layer, capturing every layer and steering one layer run in another, on the same prompts, batch
-sizes 1 and 32, rounds interleaved; the two engine processes alternate twice. On a shared machine
-noise only slows a run, so each tok/s cell is the best round; against plain vLLM (another process)
-the ratio is best vs best, against the plugin idle it is the median of per-round ratios (same
-process, adjacent runs). Reading the capture files (the API server's work) is not timed.
-Run: `python -m benchmarks.hook_overhead`.
+Two engines run side by side in one driver process: plain vLLM (its EngineCore started without
+the acs plugin) and the same vLLM with the plugin, which serves the modes idle, capture of one
+layer, capture of every layer and steering of one layer. Same prompts, batch sizes 1 and 32. Each
+round runs every mode once, back to back, in a rotated order; only one engine works at a time.
+
+Why paired rounds: this shared 2-core machine changes speed by 20-50% from one second to the next
+(also in CPU time per token, so it is the host, not scheduling). Runs next to each other see the
+same machine; so the ratio that decides is the median, over rounds, of each mode's tok/s divided
+by plain vLLM's tok/s in the same round. The best tok/s of each mode is printed too.
+
+Capture files go to a directory in /dev/shm, as in serving (the default capture root); reading
+them (the API server's work) is not timed. Run: `python -m benchmarks.hook_overhead`.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROUNDS = 4
+ROUNDS = 24
 BATCHES = {1: 128, 32: 48}  # batch size -> output tokens per request
 PROMPT_TOKENS = 24
-MODES = ("idle", "capture_1_layer", "capture_all_layers", "steer_1_layer")
+MODES = ("plain", "idle", "capture_1_layer", "capture_all_layers", "steer_1_layer")
+PLUGIN_MODES = MODES[1:]
 
 
 def _payloads(mode: str, n: int, tag: str) -> list[dict[str, str] | None]:
@@ -49,26 +55,36 @@ def _payloads(mode: str, n: int, tag: str) -> list[dict[str, str] | None]:
     return payloads
 
 
-def _measure(model: str, modes: list[str], root: Path) -> dict[str, dict[int, list[float]]]:
-    """In the engine subprocess: output tokens/s per mode and batch size, one per round."""
+def _engine(model: str, plugin: bool) -> Any:
+    """An offline engine whose EngineCore loads the acs plugin or not (it reads VLLM_PLUGINS
+    when it is spawned; this driver process never loads it)."""
+    from vllm import LLM
+
+    os.environ["VLLM_PLUGINS"] = "acs" if plugin else ""
+    return LLM(model=model, enforce_eager=True, max_model_len=512, max_num_seqs=32, seed=0)
+
+
+def _measure(model: str, root: Path) -> dict[str, dict[int, list[float]]]:
+    """In the driver subprocess: output tokens/s per mode and batch size, one per round."""
     import numpy as np
-    from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm import SamplingParams, TokensPrompt
 
     from vllm_acs.activations import store
 
-    llm = LLM(model=model, enforce_eager=True, max_model_len=512, max_num_seqs=32, seed=0)
+    engines = {"plain": _engine(model, plugin=False), "plugin": _engine(model, plugin=True)}
     rng = np.random.default_rng(1)
     prompts = [
         TokensPrompt(prompt_token_ids=[1, *rng.integers(3, 1000, PROMPT_TOKENS - 1).tolist()])
         for _ in range(max(BATCHES))
     ]
-    rates: dict[str, dict[int, list[float]]] = {m: {b: [] for b in BATCHES} for m in modes}
+    rates: dict[str, dict[int, list[float]]] = {m: {b: [] for b in BATCHES} for m in MODES}
     run = 0
     for round_ in range(ROUNDS + 1):  # round 0 warms up
         for batch, max_tokens in BATCHES.items():
-            # Rotate the order each round: the first run after a switch of batch size is slower.
-            for mode in modes[round_ % len(modes) :] + modes[: round_ % len(modes)]:
+            # Rotate the order each round: no mode always runs first after a switch.
+            for mode in MODES[round_ % len(MODES) :] + MODES[: round_ % len(MODES)]:
                 run += 1
+                llm = engines["plain" if mode == "plain" else "plugin"]
                 extras = _payloads(mode, batch, f"{os.getpid()}-{run}")
                 params = [
                     SamplingParams(
@@ -84,30 +100,29 @@ def _measure(model: str, modes: list[str], root: Path) -> dict[str, dict[int, li
                     rates[mode][batch].append(tokens / elapsed)
                 for extra in extras:
                     if extra is not None:
-                        capture_id = json.loads(extra["acs"])["capture_id"]
-                        store.release(capture_id, root=root)
-    llm.llm_engine.engine_core.shutdown(timeout=30)
+                        store.release(json.loads(extra["acs"])["capture_id"], root=root)
+    for llm in engines.values():
+        llm.llm_engine.engine_core.shutdown(timeout=30)
     return rates
 
 
-def _engine_process(
-    model: str, plugin: bool, modes: list[str]
-) -> dict[str, dict[int, list[float]]]:
-    with tempfile.TemporaryDirectory(prefix="acs-bench-") as tmp:
+def _capture_parent() -> str | None:
+    return "/dev/shm" if Path("/dev/shm").is_dir() else None
+
+
+def _run_driver(model: str) -> dict[str, dict[int, list[float]]]:
+    with tempfile.TemporaryDirectory(prefix="acs-bench-", dir=_capture_parent()) as tmp:
         out = Path(tmp) / "rates.json"
         env = {
             **os.environ,
-            "VLLM_PLUGINS": "acs" if plugin else "",
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_ACS_CAPTURE_DIR": str(Path(tmp) / "captures"),
         }
-        command = [sys.executable, "-m", "benchmarks.hook_overhead", "--engine", model, str(out)]
-        command += modes
         subprocess.run(
-            command,
+            [sys.executable, "-m", "benchmarks.hook_overhead", "--driver", model, str(out)],
             env=env,
             check=True,
-            timeout=400,
+            timeout=900,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             cwd=Path(__file__).resolve().parents[1],
@@ -117,55 +132,46 @@ def _engine_process(
     return {m: {int(b): r for b, r in per.items()} for m, per in raw.items()}
 
 
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    low, mid, high = statistics.quantiles(values, n=4)
+    return low, mid, high
+
+
 def main() -> None:
     from vllm_acs.tiny_model import write_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="acs-bench-model-") as tmp:
         model = str(write_tiny_model(Path(tmp) / "tiny"))
-        # Alternate the two engines twice: a process's speed on a shared machine drifts.
-        plains, hookeds = [], []
-        for _ in range(2):
-            plains.append(_engine_process(model, plugin=False, modes=["plain"])["plain"])
-            hookeds.append(_engine_process(model, plugin=True, modes=list(MODES)))
-    plain = {b: max(max(run[b]) for run in plains) for b in BATCHES}
-    hooked = {m: {b: max(max(run[m][b]) for run in hookeds) for b in BATCHES} for m in MODES}
-    # Runs next to each other in one round share the machine's state: the median of per-round
-    # ratios to idle is the steadiest figure here.
+        rates = _run_driver(model)
     paired = {
         m: {
-            b: statistics.median(
-                rate / idle
-                for run in hookeds
-                for rate, idle in zip(run[m][b], run["idle"][b], strict=True)
-            )
+            b: _quartiles([r / p for r, p in zip(rates[m][b], rates["plain"][b], strict=True)])
             for b in BATCHES
         }
         for m in MODES
     }
-    print(f"output tokens/s, best of {ROUNDS} rounds x 2 processes")
-    print("best tok/s, its ratio vs plain vLLM (other process) | median per-round ratio vs idle")
-    print(f"{'mode':<20}" + "".join(f"{f'batch {b}':>30}" for b in BATCHES))
-    print(f"{'plain vLLM':<20}" + "".join(f"{plain[b]:>12.0f} tok/s  1.00 |     " for b in BATCHES))
+    print(f"output tokens/s, {ROUNDS} rounds; every mode once per round, next to plain vLLM")
+    print("best tok/s | median of per-round ratios to plain vLLM [quartiles]")
+    print(f"{'mode':<20}" + "".join(f"{f'batch {b}':>36}" for b in BATCHES))
     for mode in MODES:
-        cells = "".join(
-            f"{hooked[mode][b]:>12.0f} tok/s  {hooked[mode][b] / plain[b]:.2f} | "
-            f"{paired[mode][b]:.2f}"
-            for b in BATCHES
-        )
+        cells = ""
+        for b in BATCHES:
+            low, mid, high = paired[mode][b]
+            cells += f"{max(rates[mode][b]):>10.0f} tok/s | {mid:.3f} [{low:.2f}-{high:.2f}]"
         print(f"{mode:<20}{cells}")
 
 
-def _engine_main(argv: list[str]) -> None:
-    model, out, modes = argv[0], Path(argv[1]), argv[2:]
+def _driver_main(argv: list[str]) -> None:
+    model, out = argv[0], Path(argv[1])
     root = Path(os.environ["VLLM_ACS_CAPTURE_DIR"])
-    rates: Any = _measure(model, modes, root)
+    rates = _measure(model, root)
     out.write_text(json.dumps(rates))
     sys.stdout.flush()
-    os._exit(0)  # vLLM's interpreter teardown can hang for a minute; the engine is shut down
+    os._exit(0)  # vLLM's interpreter teardown can hang for a minute; the engines are shut down
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--engine"]:
-        _engine_main(sys.argv[2:])
+    if sys.argv[1:2] == ["--driver"]:
+        _driver_main(sys.argv[2:])
     else:
         main()

@@ -2,7 +2,8 @@
 
 Started by tests/e2e/test_hooks_engine.py in a subprocess (vLLM keeps global state and spawns an
 EngineCore and a worker process; a subprocess keeps them out of the test process and bounded).
-Usage: python hooks_engine_driver.py MODEL_DIR OUT_FILE CONFIG   (CONFIG: wide | chunked | compiled)
+Usage: python hooks_engine_driver.py MODEL_DIR OUT_FILE CONFIG
+(CONFIG: wide | chunked | preempt | compiled)
 """
 
 from __future__ import annotations
@@ -30,19 +31,28 @@ def vector(seed: int, shape: tuple[int, ...]) -> np.ndarray:
 
 
 class Engine:
-    def __init__(self, model: str, max_num_batched_tokens: int, root: Path) -> None:
+    def __init__(self, model: str, max_num_batched_tokens: int, root: Path, **more: Any) -> None:
         from vllm import LLM
 
         self.root = root
         self.llm = LLM(
             model=model,
             enforce_eager=True,
-            max_model_len=512,
+            max_model_len=more.pop("max_model_len", 512),
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=32,
             seed=0,
+            **more,
         )
         self._ids = 0
+
+    def preemptions(self) -> int:
+        """vLLM's own count of preempted requests so far (needs stats logging on)."""
+        return sum(
+            int(metric.value)
+            for metric in self.llm.get_metrics()
+            if metric.name == "vllm:num_preemptions"
+        )
 
     def run(self, items: list[tuple[list[int], int, dict[str, Any] | None]]) -> list[dict]:
         """items: (prompt ids, max_tokens, payload fields or None); one generate call (one
@@ -183,6 +193,22 @@ def scenarios_chunked(engine: Engine) -> dict[str, Any]:
     return out
 
 
+def scenarios_preempt(engine: Engine) -> dict[str, Any]:
+    """Three blocks of 128 tokens for three requests that each outgrow one block while they
+    decode: vLLM preempts one, frees its blocks, and recomputes it from position 0 later."""
+    out: dict[str, Any] = {}
+    batch = prompts(12, [110, 118, 104])
+    vec = vector(13, (1, HIDDEN))
+    entry = steering_entry(steer(vec, [1], 0.0))
+    items = [(ids, 40, {"capture_layers": ALL}) for ids in batch[:2]]
+    items.append((batch[2], 40, {"capture_layers": ALL, "steering": (entry,)}))
+    out["plain"] = engine.run([(ids, 40, None) for ids in batch])
+    before = engine.preemptions()
+    out["captured"] = engine.run(items)
+    out["preemptions"] = engine.preemptions() - before
+    return out
+
+
 def main() -> None:
     model, out_file, config = sys.argv[1], sys.argv[2], sys.argv[3]
     root = Path(out_file).parent / f"captures-{config}"
@@ -194,8 +220,14 @@ def main() -> None:
         # Must refuse to start: hooks would be traced away by torch.compile.
         LLM(model=model, enforce_eager=False, max_model_len=512, seed=0)
         raise SystemExit("the compiled engine started")
-    engine = Engine(model, 2048 if config == "wide" else 32, root)
-    results = scenarios_wide(engine) if config == "wide" else scenarios_chunked(engine)
+    if config == "preempt":
+        engine = Engine(
+            model, 512, root, max_model_len=256, num_gpu_blocks_override=3, disable_log_stats=False
+        )
+        results = scenarios_preempt(engine)
+    else:
+        engine = Engine(model, 2048 if config == "wide" else 32, root)
+        results = scenarios_wide(engine) if config == "wide" else scenarios_chunked(engine)
     results["leftover_files"] = sorted(p.name for p in root.iterdir())
     with open(out_file, "wb") as handle:
         pickle.dump(results, handle)

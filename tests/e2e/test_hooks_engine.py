@@ -182,6 +182,18 @@ def test_position_indices_in_a_later_prefill_chunk(chunked):
     _direction_check(steered[2, 5] - plain[2, 5], vectors[1], plain[2, 5], 2.0)
 
 
+def test_capture_and_steering_survive_preemption(tiny_model_dir: Path, tmp_path: Path, reference):
+    """A preempted request loses its KV blocks and is recomputed from position 0: its rows must
+    still be complete and right, and a steered request's text unchanged by a zero vector."""
+    result = _results(tiny_model_dir, tmp_path, "preempt")
+    assert result["preemptions"] >= 1
+    for captured in result["captured"]:
+        _check_against_reference(captured, [0, 1, 2, 3], reference)
+    for plain, captured in zip(result["plain"], result["captured"], strict=True):
+        assert captured["generated"] == plain["generated"]
+    assert result["leftover_files"] == []
+
+
 def test_a_compiled_engine_refuses_to_start(tiny_model_dir: Path, tmp_path: Path):
     code, log = _run_driver(tiny_model_dir, tmp_path, "compiled", timeout=90)
     assert code not in (0, -1), log[-4000:]

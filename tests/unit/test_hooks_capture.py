@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_acs.hooks.capture import StagingBuffer, plan_capture
+from vllm_acs.hooks.capture import CapturePlanner, StagingBuffer
 
 HIDDEN = 4
 
@@ -16,7 +16,8 @@ def test_rows_of_each_request_land_at_their_positions_and_layers():
     b = np.zeros((10, 1, HIDDEN), dtype=np.int16)  # layer (1,)
     # Batch of 7 rows: a plain request (rows 0-1), A's chunk at positions 4..6 (rows 2-4),
     # B decoding position 8 (row 6).
-    step = plan_capture([(a, (0, 2), 2, 3, 4), (b, (1,), 6, 1, 8)], staging)
+    planner = CapturePlanner([(a, (0, 2)), (b, (1,))], staging)
+    step = planner.plan(np.array([2, 6]), np.array([3, 1]), np.array([4, 8]))
     assert step is not None and step.slot_of_layer == {0: 0, 1: 1, 2: 2}
     assert step.token_index.tolist() == [2, 3, 4, 6]
     outputs = {}
@@ -32,8 +33,12 @@ def test_rows_of_each_request_land_at_their_positions_and_layers():
     assert not a[:4].any() and not a[7:].any() and not b[:8].any()
 
 
-def test_no_capture_request_means_no_step():
-    assert plan_capture([], StagingBuffer(HIDDEN, torch.bfloat16, torch.device("cpu"))) is None
+def test_a_step_without_rows_to_keep_plans_nothing():
+    planner = CapturePlanner(
+        [(np.zeros((4, 1, HIDDEN), dtype=np.int16), (0,))],
+        StagingBuffer(HIDDEN, torch.bfloat16, torch.device("cpu")),
+    )
+    assert planner.plan(np.array([3]), np.array([0]), np.array([4])) is None
 
 
 def test_the_staging_buffer_is_reused_and_grows_only_when_needed():

@@ -1,4 +1,5 @@
-"""compat.py without an engine: layer discovery, the request patch, post-import patching."""
+"""compat.py without an engine: layer discovery, the request patch, post-import patching, the
+runner wrapper (on a stand-in runner)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
+from vllm_acs.activations.codec import encode_array
+from vllm_acs.activations.payload import AcsPayload, SteeringEntry
+from vllm_acs.activations.store import check_applied
 from vllm_acs.hooks import compat
 from vllm_acs.hooks.compat import UnsupportedSetupError, decoder_layers
 from vllm_acs.hooks.post_import import when_imported
+from vllm_acs.hooks.runtime import ActivationRuntime
 
 
 class _FusedResidualLayer(torch.nn.Module):
@@ -95,3 +101,77 @@ def test_patches_run_when_the_module_is_imported(tmp_path, monkeypatch: pytest.M
     when_imported("acs_fake_target", lambda module: seen.append(2))  # already imported: now
     assert seen == [1, 2]
     del sys.modules["acs_fake_target"]
+
+
+class _Runner:
+    """The few runner attributes _wrap_runner reads, around a model of fused-residual layers."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.input_batch = types.SimpleNamespace(
+            req_id_to_index={}, num_computed_tokens_cpu=np.zeros(4, dtype=np.int32)
+        )
+        self.query_start_loc = types.SimpleNamespace(np=np.zeros(5, dtype=np.int32))
+
+    def execute_model(self, scheduler_output: Any) -> None:
+        batch = scheduler_output.batch  # request id -> (first position, tokens)
+        self.input_batch.req_id_to_index = {req_id: i for i, req_id in enumerate(batch)}
+        lengths = [tokens for _, tokens in batch.values()]
+        self.query_start_loc.np[: len(lengths) + 1] = np.cumsum([0, *lengths])
+        self.input_batch.num_computed_tokens_cpu[: len(batch)] = [p for p, _ in batch.values()]
+        hidden = torch.zeros(sum(lengths), 4)
+        self._model_forward(hidden)
+
+    def _model_forward(self, hidden: torch.Tensor) -> None:
+        residual = torch.zeros_like(hidden)
+        for layer in self.model.model.layers:
+            hidden, residual = layer(None, hidden, residual)
+
+
+def _scheduled(batch, new=(), finished=()):
+    new_reqs = [
+        types.SimpleNamespace(
+            req_id=req_id,
+            sampling_params=types.SimpleNamespace(extra_args=payload.to_extra_args(), max_tokens=2),
+            prompt_token_ids=[1, 2, 3],
+            prompt_embeds=None,
+        )
+        for req_id, payload in new
+    ]
+    return types.SimpleNamespace(
+        batch=batch, scheduled_new_reqs=new_reqs, finished_req_ids=set(finished)
+    )
+
+
+def test_only_the_layers_in_use_are_hooked_and_only_while_in_use(tmp_path):
+    model = _model(_FusedResidualLayer, n=4)
+    layers = decoder_layers(model)
+    runtime = ActivationRuntime(
+        n_layers=4,
+        hidden=4,
+        device=torch.device("cpu"),
+        root=tmp_path,
+        writes_files=True,
+    )
+    runner = _Runner(model)
+    compat._wrap_runner(runner, runtime, layers)
+
+    def hooked() -> list[int]:
+        return [i for i, layer in enumerate(layers) if layer._forward_hooks]
+
+    runner.execute_model(_scheduled({"plain": (0, 3)}))
+    assert hooked() == []
+    vector = encode_array(np.ones((1, 4), dtype=np.float32))
+    steer = AcsPayload("s", steering=(SteeringEntry(vector, (2,)),))
+    runner.execute_model(_scheduled({"S": (0, 3)}, new=[("S", steer)]))
+    assert hooked() == [2]
+    runner.execute_model(
+        _scheduled({"S": (3, 1), "C": (0, 3)}, new=[("C", AcsPayload("c", capture_layers=(0,)))])
+    )
+    assert hooked() == [0, 2]
+    runner.execute_model(_scheduled({"C": (3, 1)}, finished=["S"]))
+    assert hooked() == [0]
+    assert check_applied("s", n_rows=4, root=tmp_path).rows_done == 4
+    runner.execute_model(_scheduled({}, finished=["C"]))
+    assert hooked() == []
+    assert check_applied("c", n_rows=4, root=tmp_path).rows_done == 4

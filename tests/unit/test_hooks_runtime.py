@@ -25,7 +25,6 @@ def _runtime(root: Path) -> ActivationRuntime:
     return ActivationRuntime(
         n_layers=2,
         hidden=HIDDEN,
-        dtype=torch.bfloat16,
         device=torch.device("cpu"),
         root=root,
         writes_files=True,
@@ -37,9 +36,11 @@ def _new(req_id: str, payload: AcsPayload | None, prompt_len: int, max_tokens: i
     return NewRequest(req_id, extra, prompt_len, max_tokens)
 
 
-def _step(runtime: ActivationRuntime, batch: list[tuple[str, int, int]], layers=(0, 1)):
+def _step(runtime: ActivationRuntime, batch: list[tuple[str, int, int]], layers=None):
     """batch: (request id, first position, number of tokens). Layer l's output for a token at
-    position p of request r is hidden = p + 10 l + 50 r_index, residual = 1 (exact in bf16)."""
+    position p of request r is hidden = p + 10 l + 50 r_index, residual = 1 (exact in bf16).
+    The hooks of `layers` run (default: the layers the runtime asks to hook)."""
+    layers = runtime.hook_layers if layers is None else layers
     index = {req_id: i for i, (req_id, _, _) in enumerate(batch)}
     starts = np.cumsum([0] + [n for _, _, n in batch])
     runtime.begin_step(index, starts, np.array([p for _, p, _ in batch]))
@@ -90,9 +91,10 @@ def test_capture_over_chunks_and_decode_and_steering_of_one_request(tmp_path: Pa
 
 def test_a_forward_pass_that_skips_the_hooks_fails_the_request(tmp_path: Path):
     runtime = _runtime(tmp_path)
-    runtime.add_requests([_new("A", AcsPayload("a", capture_layers=(0,)), 3, 2)])
+    runtime.add_requests([_new("A", AcsPayload("a", capture_layers=(0, 1)), 3, 2)])
+    assert runtime.hook_layers == (0, 1)
     _step(runtime, [("A", 0, 3)], layers=(0,))  # layer 1's hook never ran
-    with pytest.raises(CaptureIncompleteError, match="hooks ran on 1 of 2 layers"):
+    with pytest.raises(CaptureIncompleteError, match="hooks ran on 1 of 2 hooked layers"):
         check_applied("a", n_rows=1, root=tmp_path)
 
 

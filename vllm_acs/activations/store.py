@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import tempfile
 import time
@@ -83,15 +84,15 @@ class CaptureWriter:
     """Worker side: one request's capture file, mapped into memory."""
 
     def __init__(
-        self, path: Path, fd: int, mapping: np.memmap, n_layers: int, capacity: int, hidden: int
+        self, path: Path, fd: int, mapping: mmap.mmap, n_layers: int, capacity: int, hidden: int
     ):
         self.path = path
         self._fd = fd
-        self._map = mapping
-        # Plain ndarray views: memmap's own indexing is slow, and these are touched every step.
-        self._header = mapping[:_MESSAGE_OFFSET].view(np.ndarray).view(np.int64)
+        # numpy views of the mapping; the mapping stays until the last view is gone.
+        self._bytes = np.frombuffer(mapping, dtype=np.uint8)
+        self._header = self._bytes[:_MESSAGE_OFFSET].view(np.int64)
         # rows[p, i] is the residual stream at position p after the i-th captured layer.
-        rows = mapping[HEADER_BYTES:].view(np.ndarray).view(np.uint16)
+        rows = self._bytes[HEADER_BYTES:].view(np.uint16)
         self.rows = rows.reshape(capacity, n_layers, hidden)
         self.capacity = capacity
         self._row_bytes = 2 * n_layers * hidden
@@ -101,23 +102,27 @@ class CaptureWriter:
     def create(
         cls, root: Path, capture_id: str, *, n_layers: int, capacity: int, hidden: int
     ) -> CaptureWriter:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = capture_path(root, capture_id)
         size = HEADER_BYTES + 2 * n_layers * capacity * hidden
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                fd = os.open(path, flags, 0o600)
+            except FileNotFoundError:  # the first capture of this root: make the directory
+                root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                fd = os.open(path, flags, 0o600)
         except FileExistsError:
             raise CaptureExistsError(f"capture file {path} already exists") from None
         try:
             # Sparse: on tmpfs no page is used until `reserve` allocates it.
             os.ftruncate(fd, size)
-            mapping = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
+            mapping = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
             raise
-        header = mapping[:_MESSAGE_OFFSET].view(np.int64)
-        header[:8] = [MAGIC, VERSION, n_layers, capacity, hidden, 0, STATUS_OK, os.getpid()]
-        return cls(path, fd, mapping, n_layers, capacity, hidden)
+        writer = cls(path, fd, mapping, n_layers, capacity, hidden)
+        writer._header[:8] = [MAGIC, VERSION, n_layers, capacity, hidden, 0, STATUS_OK, os.getpid()]
+        return writer
 
     def reserve(self, rows: int) -> None:
         """Allocates the pages of positions [0, rows) before they are written. Raises OSError
@@ -135,6 +140,11 @@ class CaptureWriter:
         self._reserved = target
 
     @property
+    def reserved(self) -> int:
+        """Positions [0, reserved) have their pages allocated."""
+        return self._reserved
+
+    @property
     def rows_done(self) -> int:
         return int(self._header[5])
 
@@ -146,15 +156,15 @@ class CaptureWriter:
     def fail(self, message: str) -> None:
         """Marks the capture unusable; the reader raises CaptureIncompleteError with `message`."""
         encoded = message.encode("utf-8")[: HEADER_BYTES - _MESSAGE_OFFSET - 1]
-        self._map[_MESSAGE_OFFSET : _MESSAGE_OFFSET + len(encoded)] = np.frombuffer(
+        self._bytes[_MESSAGE_OFFSET : _MESSAGE_OFFSET + len(encoded)] = np.frombuffer(
             encoded, dtype=np.uint8
         )
         self._header[6] = STATUS_FAILED
 
     def close(self) -> None:
-        """Drops this process's mapping; the file stays until the reader releases it."""
-        self._map.flush()
-        del self.rows, self._header, self._map
+        """Drops this writer's views (the mapping goes with the last view; a shared mapping needs
+        no flush for readers); the file stays until the reader releases it."""
+        del self.rows, self._header, self._bytes
         os.close(self._fd)
 
 

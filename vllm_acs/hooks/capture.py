@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 
-@dataclass(frozen=True)
-class CaptureSegment:
-    """One capture request's share of a step: `length` tokens from batch row `start`, at absolute
-    positions `position`..; `slots` are the staging slots of its layers, ascending by layer."""
+class CaptureSegment(NamedTuple):
+    """One capture request's share of a step: `length` rows of the staging buffer (after the
+    segments before it), for absolute positions `position`..; `slots` are the staging slots of
+    its layers, ascending by layer. A tuple: a step makes one per capture request."""
 
     target: np.ndarray  # int16 bf16 bits [capacity, n_layers_of_request, hidden]: the mapped file
-    start: int
     length: int
     position: int
     slots: slice | np.ndarray  # the request's staging slots: a slice when contiguous
@@ -71,13 +71,14 @@ class CaptureStep:
         # numpy slicing costs a fraction of torch's per call, and there is one call per request.
         bits = host.view(torch.int16).numpy()
         offset = 0
-        for segment in self.segments:
-            rows = bits[segment.slots, offset : offset + segment.length]
-            # [slots, tokens, hidden] -> the file's position-major [tokens, slots, hidden].
-            segment.target[segment.position : segment.position + segment.length] = rows.transpose(
-                1, 0, 2
-            )
-            offset += segment.length
+        for target, length, position, slots in self.segments:
+            if length == 1:  # a decode step: one row, no transpose
+                target[position] = bits[slots, offset]
+            else:
+                # [slots, tokens, hidden] -> the file's position-major [tokens, slots, hidden].
+                rows = bits[slots, offset : offset + length]
+                target[position : position + length] = rows.transpose(1, 0, 2)
+            offset += length
 
 
 def _slot_selector(slots: list[int]) -> slice | np.ndarray:
@@ -86,31 +87,50 @@ def _slot_selector(slots: list[int]) -> slice | np.ndarray:
     return np.array(slots)
 
 
-def plan_capture(
-    segments: Sequence[tuple[np.ndarray, Sequence[int], int, int, int]],
-    staging: StagingBuffer,
-) -> CaptureStep | None:
-    """`segments`: (target, layers, first batch row, number of tokens, first position) per capture
-    request in the step, already cut to the rows the file can hold."""
-    if not segments:
-        return None
-    layers = sorted({layer for _, request_layers, _, _, _ in segments for layer in request_layers})
-    slot_of_layer = {layer: slot for slot, layer in enumerate(layers)}
-    index = np.concatenate(
-        [np.arange(start, start + length, dtype=np.int64) for _, _, start, length, _ in segments]
-    )
-    # Requests usually share layer sets: one slot selector per distinct set, not per request.
-    selectors: dict[tuple[int, ...], slice | np.ndarray] = {}
-    planned = []
-    for target, request_layers, start, length, position in segments:
-        key = tuple(request_layers)
-        selector = selectors.get(key)
-        if selector is None:
-            selector = selectors[key] = _slot_selector([slot_of_layer[layer] for layer in key])
-        planned.append(CaptureSegment(target, start, length, position, selector))
-    return CaptureStep(
-        token_index=torch.from_numpy(index).to(staging.device),
-        slot_of_layer=slot_of_layer,
-        staging=staging.take(len(layers), len(index)),
-        segments=planned,
-    )
+class CapturePlanner:
+    """A fixed list of capture requests (the runtime makes a new planner when it changes): their
+    files, their layers' staging slots, and each step's CaptureStep from a few numpy ops."""
+
+    def __init__(
+        self,
+        requests: Sequence[tuple[np.ndarray, Sequence[int]]],
+        staging: StagingBuffer,
+    ) -> None:
+        """`requests`: (target file rows, layers ascending) per capture request."""
+        layers = sorted({layer for _, request_layers in requests for layer in request_layers})
+        self.slot_of_layer = {layer: slot for slot, layer in enumerate(layers)}
+        # Requests usually share layer sets: one slot selector per distinct set.
+        selectors: dict[tuple[int, ...], slice | np.ndarray] = {}
+        self._requests: list[tuple[np.ndarray, slice | np.ndarray]] = []
+        for target, request_layers in requests:
+            key = tuple(request_layers)
+            selector = selectors.get(key)
+            if selector is None:
+                selector = _slot_selector([self.slot_of_layer[layer] for layer in key])
+                selectors[key] = selector
+            self._requests.append((target, selector))
+        self._staging = staging
+
+    def plan(
+        self, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray
+    ) -> CaptureStep | None:
+        """int64 arrays over the planner's requests: first batch row, number of rows to keep in
+        this step (0 = none; already cut to what each file holds), first absolute position."""
+        total = int(lengths.sum())
+        if total == 0:
+            return None
+        offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        token_index = np.repeat(starts, lengths) + offsets
+        kept = np.flatnonzero(lengths)
+        segments = [
+            CaptureSegment(self._requests[i][0], length, position, self._requests[i][1])
+            for i, length, position in zip(
+                kept.tolist(), lengths[kept].tolist(), positions[kept].tolist(), strict=True
+            )
+        ]
+        return CaptureStep(
+            token_index=torch.from_numpy(token_index).to(self._staging.device),
+            slot_of_layer=self.slot_of_layer,
+            staging=self._staging.take(len(self.slot_of_layer), total),
+            segments=segments,
+        )

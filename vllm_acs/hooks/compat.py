@@ -130,7 +130,6 @@ def install_on_runner(runner: Any) -> ActivationRuntime:
     runtime = ActivationRuntime(
         n_layers=len(layers),
         hidden=runner.model_config.get_hidden_size(),
-        dtype=runner.model_config.dtype,
         device=runner.device,
         root=capture_root(settings.capture_dir),
         writes_files=get_tensor_model_parallel_rank() == 0,
@@ -181,23 +180,24 @@ def _wrap_runner(runner: Any, runtime: ActivationRuntime, layers: list[torch.nn.
     from the scheduler output. _model_forward: runs after the runner updated its persistent batch
     (order, positions), so the rows read there are the rows the model sees.
 
-    The layer hooks are registered only while an ACS request is in flight: a module with hooks
-    takes torch's slower call path, which plain traffic should not pay for."""
+    The layer hooks are registered only on the layers the in-flight ACS requests use, and only
+    while there are some: a module with hooks takes torch's slower call path, which plain
+    traffic (and the other layers) should not pay for."""
     execute_model: Callable[..., Any] = runner.execute_model
     model_forward: Callable[..., Any] = runner._model_forward
     in_step = [False]
-    handles: list[torch.utils.hooks.RemovableHandle] = []
+    handles: dict[int, torch.utils.hooks.RemovableHandle] = {}
 
     def sync_hooks() -> None:
-        if runtime.active and not handles:
-            handles.extend(
-                layer.register_forward_hook(functools.partial(_layer_hook, runtime, index))
-                for index, layer in enumerate(layers)
-            )
-        elif not runtime.active and handles:
-            for handle in handles:
-                handle.remove()
-            handles.clear()
+        wanted = runtime.hook_layers if runtime.active else ()
+        if handles.keys() == set(wanted):
+            return
+        for index in [index for index in handles if index not in wanted]:
+            handles.pop(index).remove()
+        for index in wanted:
+            if index not in handles:
+                hook = functools.partial(_layer_hook, runtime, index)
+                handles[index] = layers[index].register_forward_hook(hook)
 
     @functools.wraps(execute_model)
     def execute_model_hooked(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:

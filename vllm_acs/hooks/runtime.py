@@ -19,7 +19,7 @@ import torch
 
 from ..activations.payload import AcsPayload, PayloadError
 from ..activations.store import CaptureError, CaptureWriter
-from .capture import CaptureStep, StagingBuffer, plan_capture
+from .capture import CapturePlanner, CaptureStep, StagingBuffer
 from .steering import (
     LayerSteer,
     SteeringPlanner,
@@ -57,13 +57,43 @@ class _Request:
             self.writer.fail(message)
 
 
+class _Roster:
+    """The in-flight requests that have not failed, in a fixed order, with the planners of their
+    steering and capture. Made anew only when a request arrives, finishes or fails, so that a
+    step costs a few numpy ops over these arrays rather than Python work per request."""
+
+    def __init__(self, requests: Mapping[str, _Request], staging: StagingBuffer) -> None:
+        live = [(req_id, state) for req_id, state in requests.items() if not state.failed]
+        self.req_ids = [req_id for req_id, _ in live]
+        self.states = [state for _, state in live]
+        steered = [i for i, state in enumerate(self.states) if state.steering]
+        self.steered = np.asarray(steered, dtype=np.int64)
+        self.steering = (
+            SteeringPlanner([self.states[i].steering for i in steered]) if steered else None
+        )
+        captured: list[int] = []
+        files: list[tuple[np.ndarray, tuple[int, ...]]] = []
+        writers: list[CaptureWriter] = []
+        for i, state in enumerate(self.states):
+            if state.target is not None and state.writer is not None:
+                captured.append(i)
+                files.append((state.target, state.payload.capture_layers))
+                writers.append(state.writer)
+        self.captured = np.asarray(captured, dtype=np.int64)
+        self.capacity = np.asarray([w.capacity for w in writers], dtype=np.int64)
+        self.reserved = np.asarray([w.reserved for w in writers], dtype=np.int64)
+        self.capture = CapturePlanner(files, staging) if files else None
+        # A capture file counts the rows it holds; a steer-only request, every position it saw.
+        self.rows_limit = np.full(len(self.states), np.iinfo(np.int64).max, dtype=np.int64)
+        self.rows_limit[self.captured] = self.capacity
+
+
 class ActivationRuntime:
     def __init__(
         self,
         *,
         n_layers: int,
         hidden: int,
-        dtype: torch.dtype,
         device: torch.device,
         root: Path,
         writes_files: bool,
@@ -75,8 +105,10 @@ class ActivationRuntime:
         # With tensor parallelism every rank steers, but only one writes the capture files.
         self.writes_files = writes_files
         self._requests: dict[str, _Request] = {}
-        self._staging = StagingBuffer(hidden, dtype, device)
-        self._planner = SteeringPlanner(hidden)
+        # Rows are kept as bf16 whatever the model's dtype: the spec's codec carries bf16 bits.
+        self._staging = StagingBuffer(hidden, torch.bfloat16, device)
+        self._roster: _Roster | None = None
+        self._hook_layers: tuple[int, ...] | None = None
         self._capture: CaptureStep | None = None
         self._steer: dict[int, LayerSteer] = {}
         self._advance: list[tuple[_Request, int]] = []
@@ -86,6 +118,23 @@ class ActivationRuntime:
     def active(self) -> bool:
         return bool(self._requests)
 
+    @property
+    def hook_layers(self) -> tuple[int, ...]:
+        """The decoder layers whose hooks the in-flight requests need, ascending; only these are
+        hooked (a hooked module takes torch's slower call path)."""
+        if self._hook_layers is None:
+            layers = {
+                layer
+                for state in self._requests.values()
+                for layer in (
+                    *state.payload.capture_layers,
+                    *(row.layer for row in state.steering),
+                )
+                if 0 <= layer < self.n_layers
+            }
+            self._hook_layers = tuple(sorted(layers))
+        return self._hook_layers
+
     def add_requests(self, requests: Iterable[NewRequest]) -> None:
         for new in requests:
             if not new.extra_args or "acs" not in new.extra_args or new.req_id in self._requests:
@@ -93,11 +142,15 @@ class ActivationRuntime:
             state = self._admit(new)
             if state is not None:
                 self._requests[new.req_id] = state
+                self._roster = self._hook_layers = None
 
     def finish_requests(self, req_ids: Iterable[str]) -> None:
         for req_id in req_ids:
             state = self._requests.pop(req_id, None)
-            if state is not None and state.writer is not None:
+            if state is None:
+                continue
+            self._roster = self._hook_layers = None
+            if state.writer is not None:
                 state.target = None
                 state.writer.close()
 
@@ -161,37 +214,53 @@ class ActivationRuntime:
         num_computed_tokens: np.ndarray,
     ) -> None:
         """Before the forward pass: the rows of this step's batch that capture or steer."""
-        captures: list[tuple[np.ndarray, tuple[int, ...], int, int, int]] = []
-        steers: list[tuple[list[SteeringRow], int, int, int]] = []
-        self._advance = []
-        for req_id, state in self._requests.items():
-            index = req_id_to_index.get(req_id)
-            if index is None or state.failed:
-                continue
-            start = int(query_start_loc[index])
-            length = int(query_start_loc[index + 1]) - start
-            position = int(num_computed_tokens[index])
-            if length <= 0:
-                continue
-            if state.steering:
-                steers.append((state.steering, start, length, position))
-            if state.target is not None and state.writer is not None:
-                # The file holds prompt + max_tokens - 1 rows: a last pass beyond is not kept.
-                kept = min(length, state.writer.capacity - position)
-                if kept > 0:
-                    try:
-                        state.writer.reserve(position + kept)
-                    except OSError as exc:
-                        state.fail(f"the capture directory is full: {exc}")
-                        continue
-                    captures.append(
-                        (state.target, state.payload.capture_layers, start, kept, position)
-                    )
-                self._advance.append((state, min(position + length, state.writer.capacity)))
-            else:
-                self._advance.append((state, position + length))
-        self._steer = self._planner.plan(steers) if steers else {}
-        self._capture = plan_capture(captures, self._staging)
+        if self._roster is None:
+            self._roster = _Roster(self._requests, self._staging)
+        roster = self._roster
+        rows = np.fromiter(
+            (req_id_to_index.get(req_id, -1) for req_id in roster.req_ids),
+            dtype=np.int64,
+            count=len(roster.req_ids),
+        )
+        present = rows >= 0
+        rows[~present] = 0
+        starts = query_start_loc[rows].astype(np.int64)
+        lengths = np.maximum(np.where(present, query_start_loc[rows + 1] - starts, 0), 0)
+        positions = num_computed_tokens[rows].astype(np.int64)
+        capture = None
+        if roster.capture is not None:
+            c = roster.captured
+            # A file holds prompt + max_tokens - 1 rows: a last pass beyond is not kept.
+            kept = np.maximum(np.minimum(lengths[c], roster.capacity - positions[c]), 0)
+            ends = positions[c] + kept
+            for j in np.flatnonzero(ends > roster.reserved).tolist():
+                state = roster.states[c[j]]
+                assert state.writer is not None
+                try:
+                    state.writer.reserve(int(ends[j]))
+                except OSError as exc:
+                    self._fail(state, f"the capture directory is full: {exc}")
+                    # The roster changed: plan the step again without this request.
+                    self.begin_step(req_id_to_index, query_start_loc, num_computed_tokens)
+                    return
+                roster.reserved[j] = state.writer.reserved
+            capture = roster.capture.plan(starts[c], kept, positions[c])
+        steer: dict[int, LayerSteer] = {}
+        if roster.steering is not None:
+            s = roster.steered
+            steer = roster.steering.plan(starts[s], lengths[s], positions[s])
+        done = np.minimum(positions + lengths, roster.rows_limit)
+        moved = np.flatnonzero(lengths)
+        self._advance = [
+            (roster.states[i], rows_done)
+            for i, rows_done in zip(moved.tolist(), done[moved].tolist(), strict=True)
+        ]
+        self._steer = steer
+        self._capture = capture
+
+    def _fail(self, state: _Request, message: str) -> None:
+        state.fail(message)
+        self._roster = None
 
     def on_layer(self, layer: int, hidden: torch.Tensor, residual: torch.Tensor) -> None:
         """The forward hook of decoder block `layer`: steer first, so the capture shows the
@@ -210,10 +279,11 @@ class ActivationRuntime:
         self._capture, self._steer, self._advance, self._layers_seen = None, {}, [], 0
         if not completed:
             return
-        if stepped and seen != self.n_layers:
+        expected = len(self.hook_layers)
+        if stepped and seen != expected:
             # A compiled or otherwise rewired model would skip the hooks: never report success.
             for state, _ in advance:
-                state.fail(f"hooks ran on {seen} of {self.n_layers} layers in a forward pass")
+                self._fail(state, f"hooks ran on {seen} of {expected} hooked layers in a step")
             return
         if capture is not None:
             capture.write_out()

@@ -8,7 +8,7 @@ the layer hook does a fixed number of tensor ops whatever the number of requests
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,128 +97,142 @@ def _absolute_positions(
     return resolved
 
 
-def plan_layer_steers(
-    segments: Iterable[tuple[Sequence[SteeringRow], int, int, int]], hidden: int
-) -> dict[int, LayerSteer]:
-    """One step's steering, without reuse across steps (see SteeringPlanner)."""
-    return SteeringPlanner(hidden).plan(segments)
+@dataclass(frozen=True)
+class _Bank:
+    """The rows of one layer that apply at every position, stacked: row k belongs to request
+    `who[k]` (an index into the planner's requests)."""
+
+    who: np.ndarray  # int64 [k]
+    vectors: torch.Tensor  # float32 [k, hidden]
+    norm_match: torch.Tensor | None  # bool [k, 1]; None when no row is norm-matched
 
 
 class SteeringPlanner:
-    """Builds each step's LayerSteers. Rows for every position (no position_indices) are stacked
-    into one bank per layer, reused while the same rows recur (decode steps of a stable batch), so
-    a step costs a few numpy ops per layer rather than tensor ops per request."""
+    """A fixed list of steered requests (the runtime makes a new planner when it changes) and
+    each step's LayerSteers for them.
 
-    def __init__(self, hidden: int) -> None:
-        self.hidden = hidden
-        self._banks: dict[int, tuple[list[SteeringRow], torch.Tensor, torch.Tensor | None]] = {}
-        # Per layer: the rows, starts and lengths of the last step and the plan made for them.
-        self._last: dict[int, tuple[list[SteeringRow], list[int], list[int], LayerSteer]] = {}
+    Rows for every position (no position_indices) are stacked once into one bank per layer, so a
+    step costs a few numpy ops per layer whatever the number of requests, and a step whose rows
+    sit where the last step's did (decode steps of a stable batch) reuses that step's plan.
+    Position-indexed rows are looked at one by one: only their positions in the step count.
+    """
+
+    def __init__(self, requests: Sequence[Sequence[SteeringRow]]) -> None:
+        stacked: dict[int, tuple[list[int], list[torch.Tensor], list[bool]]] = {}
+        self._positioned: list[tuple[int, SteeringRow]] = []
+        for number, rows in enumerate(requests):
+            for row in rows:
+                if row.positions is not None:
+                    self._positioned.append((number, row))
+                    continue
+                who, vectors, flags = stacked.setdefault(row.layer, ([], [], []))
+                who.append(number)
+                vectors.append(row.vectors[0])
+                flags.append(row.norm_match)
+        self._banks = {
+            layer: _Bank(
+                who=np.asarray(who, dtype=np.int64),
+                vectors=torch.stack(vectors),
+                norm_match=torch.tensor([[f] for f in flags], device=vectors[0].device)
+                if any(flags)
+                else None,
+            )
+            for layer, (who, vectors, flags) in stacked.items()
+        }
+        # Per layer: the bank's first rows and lengths in the last step, and its steer then.
+        self._last: dict[int, tuple[np.ndarray, np.ndarray, LayerSteer]] = {}
 
     def plan(
-        self, segments: Iterable[tuple[Sequence[SteeringRow], int, int, int]]
+        self, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray
     ) -> dict[int, LayerSteer]:
-        """`segments`: (rows of a request, first batch row, number of tokens, absolute position
-        of the first token), one per steered request in the batch."""
-        everywhere: dict[int, tuple[list[SteeringRow], list[int], list[int]]] = {}
-        tokens: dict[int, list[np.ndarray]] = {}
-        deltas: dict[int, list[torch.Tensor]] = {}
-        flags: dict[int, list[torch.Tensor | None]] = {}
-        for rows, start, length, position in segments:
-            for row in rows:
-                if row.positions is None:
-                    group = everywhere.setdefault(row.layer, ([], [], []))
-                    group[0].append(row)
-                    group[1].append(start)
-                    group[2].append(length)
-                    continue
-                hits = [
-                    (j, p - position)
-                    for j, p in enumerate(row.positions)
-                    if position <= p < position + length
-                ]
-                if not hits:
-                    continue
-                tokens.setdefault(row.layer, []).append(
-                    np.array([start + offset for _, offset in hits], dtype=np.int64)
-                )
-                deltas.setdefault(row.layer, []).append(row.vectors[[j for j, _ in hits]])
-                flags.setdefault(row.layer, []).append(
-                    torch.full((len(hits), 1), row.norm_match, device=row.vectors.device)
-                    if row.norm_match
-                    else None
-                )
-        reused: dict[int, LayerSteer] = {}
-        for layer, (rows, starts, lengths) in everywhere.items():
-            if layer not in tokens:
-                # Decode steps of an unchanged batch repeat the last plan exactly: reuse it.
-                last = self._last.get(layer)
-                if (
-                    last is not None
-                    and last[1] == starts
-                    and last[2] == lengths
-                    and self._same_rows(last[0], rows)
-                ):
-                    reused[layer] = last[3]
-                    continue
-            bank, bank_flags = self._bank(layer, rows)
-            counts = np.asarray(lengths, dtype=np.int64)
-            which = np.repeat(np.arange(len(rows)), counts)
-            offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-            tokens.setdefault(layer, []).append(np.repeat(starts, counts) + offsets)
-            which_t = torch.from_numpy(which).to(bank.device)
-            deltas.setdefault(layer, []).append(bank.index_select(0, which_t))
-            flags.setdefault(layer, []).append(
-                None if bank_flags is None else bank_flags.index_select(0, which_t)
-            )
-        plan = {layer: self._layer(tokens[layer], deltas[layer], flags[layer]) for layer in tokens}
-        self._last = {
-            layer: (rows, starts, lengths, plan[layer])
-            for layer, (rows, starts, lengths) in everywhere.items()
-            if layer in plan and len(tokens[layer]) == 1
-        }
-        self._last.update(
-            (layer, (everywhere[layer][0], everywhere[layer][1], everywhere[layer][2], steer))
-            for layer, steer in reused.items()
-        )
-        plan.update(reused)
+        """int64 arrays over the planner's requests: first batch row, number of tokens in this
+        step (0 = not in it), absolute position of the first token."""
+        plan: dict[int, LayerSteer] = {}
+        for layer, bank in self._banks.items():
+            counts = lengths[bank.who]
+            if not counts.any():
+                continue
+            first = starts[bank.who]
+            last = self._last.get(layer)
+            if last is not None and _same(last[0], first) and _same(last[1], counts):
+                plan[layer] = last[2]
+                continue
+            plan[layer] = self._bank_steer(layer, bank, first, counts)
+        extra = self._positioned_steers(starts, lengths, positions)
+        for layer, parts in extra.items():
+            if layer in plan:
+                parts.insert(0, plan[layer])
+            plan[layer] = _concatenate(parts)
         return plan
 
-    @staticmethod
-    def _same_rows(a: list[SteeringRow], b: list[SteeringRow]) -> bool:
-        return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
-
-    def _bank(
-        self, layer: int, rows: list[SteeringRow]
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        cached = self._banks.get(layer)
-        if cached is not None and self._same_rows(cached[0], rows):
-            return cached[1], cached[2]
-        bank = torch.cat([row.vectors[0:1] for row in rows])
-        bank_flags = None
-        if any(row.norm_match for row in rows):
-            bank_flags = torch.tensor([[row.norm_match] for row in rows], device=bank.device)
-        self._banks[layer] = (rows, bank, bank_flags)
-        return bank, bank_flags
-
-    @staticmethod
-    def _layer(
-        tokens: list[np.ndarray], deltas: list[torch.Tensor], flags: list[torch.Tensor | None]
+    def _bank_steer(
+        self, layer: int, bank: _Bank, first: np.ndarray, counts: np.ndarray
     ) -> LayerSteer:
-        device = deltas[0].device
-        norm_match = None
-        if any(flag is not None for flag in flags):
-            norm_match = torch.cat(
-                [
-                    torch.zeros((len(d), 1), dtype=torch.bool, device=device) if f is None else f
-                    for d, f in zip(deltas, flags, strict=True)
-                ]
-            )
-        return LayerSteer(
-            token_index=torch.from_numpy(np.concatenate(tokens)).to(device),
-            delta=deltas[0] if len(deltas) == 1 else torch.cat(deltas),
-            norm_match=norm_match,
+        which = np.repeat(np.arange(len(counts)), counts)
+        offsets = np.arange(len(which)) - np.repeat(np.cumsum(counts) - counts, counts)
+        device = bank.vectors.device
+        which_t = torch.from_numpy(which).to(device)
+        flags = bank.norm_match
+        steer = LayerSteer(
+            token_index=torch.from_numpy(np.repeat(first, counts) + offsets).to(device),
+            delta=bank.vectors.index_select(0, which_t),
+            norm_match=None if flags is None else flags.index_select(0, which_t),
         )
+        self._last[layer] = (first, counts, steer)
+        return steer
+
+    def _positioned_steers(
+        self, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray
+    ) -> dict[int, list[LayerSteer]]:
+        steers: dict[int, list[LayerSteer]] = {}
+        for number, row in self._positioned:
+            length = int(lengths[number])
+            position = int(positions[number])
+            assert row.positions is not None
+            hits = [
+                (j, p - position)
+                for j, p in enumerate(row.positions)
+                if position <= p < position + length
+            ]
+            if not hits:
+                continue
+            device = row.vectors.device
+            start = int(starts[number])
+            steers.setdefault(row.layer, []).append(
+                LayerSteer(
+                    token_index=torch.tensor([start + o for _, o in hits], device=device),
+                    delta=row.vectors[[j for j, _ in hits]],
+                    norm_match=torch.full((len(hits), 1), True, device=device)
+                    if row.norm_match
+                    else None,
+                )
+            )
+        return steers
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool((a == b).all())
+
+
+def _concatenate(parts: list[LayerSteer]) -> LayerSteer:
+    if len(parts) == 1:
+        return parts[0]
+    norm_match = None
+    if any(part.norm_match is not None for part in parts):
+        device = parts[0].delta.device
+        norm_match = torch.cat(
+            [
+                torch.zeros((len(part.delta), 1), dtype=torch.bool, device=device)
+                if part.norm_match is None
+                else part.norm_match
+                for part in parts
+            ]
+        )
+    return LayerSteer(
+        token_index=torch.cat([part.token_index for part in parts]),
+        delta=torch.cat([part.delta for part in parts]),
+        norm_match=norm_match,
+    )
 
 
 def apply_layer_steer(hidden: torch.Tensor, residual: torch.Tensor, steer: LayerSteer) -> None:
