@@ -17,9 +17,8 @@ from typing import Any
 from .principal import KEY_LIMIT_FIELDS
 from .settings import Settings
 
-# Every key limit is a flag of `keys create` / `keys set`, named like the field.
-LIMIT_FLAGS = KEY_LIMIT_FIELDS
-# Flags whose name is not the field's: `--monthly-activations` is what operators type.
+# Every key limit (KEY_LIMIT_FIELDS) is a flag of `keys create` / `keys set`, named like the
+# field. Flags whose name is not the field's: `--monthly-activations` is what operators type.
 _FLAG_NAMES = {"monthly_activation_requests": "--monthly-activations"}
 
 
@@ -30,9 +29,12 @@ def _flag(field: str) -> str:
 def _limit(text: str) -> int | None:
     if text.lower() == "none":
         return None
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 or 'none', got {text!r}")
     return value
 
 
@@ -78,7 +80,7 @@ async def _keys(args: argparse.Namespace, storage: Any) -> int:
     from .storage.api_keys import parse_scopes
 
     repo = storage.keys
-    limits = {f: getattr(args, f) for f in LIMIT_FLAGS if getattr(args, f, None) is not None}
+    limits = {f: getattr(args, f) for f in KEY_LIMIT_FIELDS if getattr(args, f, None) is not None}
     if args.action == "create":
         account = await storage.accounts.get(args.account)
         scopes = parse_scopes(args.scopes) if args.scopes else None
@@ -103,7 +105,7 @@ async def _keys(args: argparse.Namespace, storage: Any) -> int:
         state = {"pause": "paused", "resume": "active", "revoke": "revoked"}[args.action]
         key = await repo.set_state(args.key, state)
     else:  # set: only the flags given change; `none` clears a limit
-        changes = {f: getattr(args, f) for f in LIMIT_FLAGS if getattr(args, f) is not _UNSET}
+        changes = {f: getattr(args, f) for f in KEY_LIMIT_FIELDS if getattr(args, f) is not _UNSET}
         if args.scopes:
             changes["scopes"] = ",".join(parse_scopes(args.scopes))
         key = await repo.set_limits(args.key, **changes)
@@ -171,7 +173,7 @@ def add_operator_commands(sub: Any) -> None:
     create.add_argument("--account", required=True, help="id or name")
     create.add_argument("--name")
     create.add_argument("--scopes", help="comma-separated: completions,jobs,harvest,looms")
-    for flag in LIMIT_FLAGS:
+    for flag in KEY_LIMIT_FIELDS:
         create.add_argument(_flag(flag), dest=flag, type=_limit)
     command(create, _keys)
     listing = acts.add_parser("list")
@@ -184,7 +186,7 @@ def add_operator_commands(sub: Any) -> None:
     setter = acts.add_parser("set", help="change limits or scopes (`none` clears a limit)")
     setter.add_argument("key", help="id or visible prefix")
     setter.add_argument("--scopes")
-    for flag in LIMIT_FLAGS:
+    for flag in KEY_LIMIT_FIELDS:
         setter.add_argument(_flag(flag), dest=flag, type=_limit, default=_UNSET)
     command(setter, _keys)
 

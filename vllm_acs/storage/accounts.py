@@ -18,8 +18,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .errors import ConflictError, NotFoundError
 from .tables import accounts
 
-ACCOUNT_STATUSES = ("pending", "approved", "suspended")
-
 
 @dataclass(frozen=True)
 class Account:
@@ -70,7 +68,7 @@ class AccountRepository:
                 await conn.execute(accounts.insert().values(**values))
         except IntegrityError:
             raise ConflictError(f"an account named {name!r} exists already") from None
-        return _account(type("Row", (), values))
+        return Account(**values)
 
     async def get(self, ref: str) -> Account:
         """The account whose id or name is `ref`."""

@@ -23,7 +23,6 @@ from .errors import ConflictError, NotFoundError
 from .tables import accounts, api_keys
 
 KEY_STATES = ("active", "paused", "revoked")
-LIMIT_FIELDS = KEY_LIMIT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ def _key(row: Any) -> ApiKey:
         name=row.name,
         state=row.state,
         scopes=tuple(s for s in row.scopes.split(",") if s),
-        **{f: getattr(row, f) for f in LIMIT_FIELDS},
+        **{f: getattr(row, f) for f in KEY_LIMIT_FIELDS},
     )
 
 
@@ -96,7 +95,7 @@ class KeyRepository:
         **limits: int | None,
     ) -> tuple[ApiKey, str]:
         """A new active key; returns it with its secret, which is never readable again."""
-        unknown = set(limits) - set(LIMIT_FIELDS)
+        unknown = set(limits) - set(KEY_LIMIT_FIELDS)
         if unknown:
             raise ValueError(f"unknown key limits: {sorted(unknown)}")
         for _attempt in range(5):  # a visible-prefix collision is a 1 in 2^48 event
@@ -110,7 +109,7 @@ class KeyRepository:
                 "state": "active",
                 "scopes": ",".join(scopes),
                 "created_at": datetime.now(timezone.utc),
-                **{f: limits.get(f) for f in LIMIT_FIELDS},
+                **{f: limits.get(f) for f in KEY_LIMIT_FIELDS},
             }
             try:
                 async with self._engine.begin() as conn:
@@ -156,7 +155,7 @@ class KeyRepository:
         return await self.update(ref, state=state, **extra)
 
     async def set_limits(self, ref: str, **limits: int | None) -> ApiKey:
-        unknown = set(limits) - set(LIMIT_FIELDS) - {"scopes", "name"}
+        unknown = set(limits) - set(KEY_LIMIT_FIELDS) - {"scopes", "name"}
         if unknown:
             raise ValueError(f"unknown key settings: {sorted(unknown)}")
         return await self.update(ref, **limits)

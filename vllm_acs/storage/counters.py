@@ -39,7 +39,8 @@ class Ticket:
     key_id: str
     applied_max_tokens: int
     running: bool
-    # Full counter name -> (tokens reserved, kind of budget).
+    # Full counter name -> (tokens reserved, kind of budget): the embedded backend's record
+    # (the Redis backend keeps it in the ticket's hash in Redis).
     reserved: dict[str, tuple[int, BudgetKind]] = field(default_factory=dict)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Usage so far, reported while the request runs: an expired lease settles at this.
@@ -48,10 +49,6 @@ class Ticket:
     settled: bool = False
     # The key's limit when it was admitted: a waiter keeps the value it came with.
     max_running: int = 1
-
-    @property
-    def held_tokens(self) -> int:
-        return sum(amount for amount, kind in self.reserved.values() if kind != "requests")
 
 
 def charge(kind: BudgetKind, reserved: int, prompt_tokens: int, completion_tokens: int) -> int:

@@ -18,7 +18,6 @@ from redis.asyncio import Redis
 
 from .counters import AdmitRequest, Counters, SettledReader, Ticket, engine_prompt
 from .errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted, StorageError
-from .periods import hold
 
 logger = logging.getLogger(__name__)
 _POLL_S = (0.005, 0.05)
@@ -105,7 +104,10 @@ class RedisCounters(Counters):
                 break
             await self._seed(result[1:])
         else:
-            raise StorageError("the budget counters could not be started in Redis")
+            raise StorageError(
+                "Redis dropped the budget counters just started from the database, three times "
+                "in a row: is Redis evicting keys? (set maxmemory-policy noeviction)"
+            )
         if result[0] == "budget":
             raise BudgetExhausted(result[1])
         if result[0] == "rate":
@@ -114,12 +116,7 @@ class RedisCounters(Counters):
             raise QueueFull(int(result[1]))
         ticket.applied_max_tokens = int(result[1])
         ticket.running = result[2] == "run"
-        month, day = result[3], result[4]
-        output = request.choices * ticket.applied_max_tokens
-        for line in lines:
-            period = day if line.granularity == "day" else month
-            amount = hold(line.kind, request.prompt_tokens, output)
-            ticket.reserved[f"{line.counter}:{period}"] = (amount, line.kind)
+        # What the ticket holds lives in its Redis hash (settle.lua reads it there), not here.
         self._in_flight[ticket.id] = ticket
         self._ensure_renewer()
         return ticket
@@ -133,6 +130,12 @@ class RedisCounters(Counters):
             if state == "run":
                 ticket.running = True
             elif state == "lost":
+                logger.warning(
+                    "waiting request %s lost its place: its lease was not renewed within %d ms "
+                    "(a stalled event loop?); it is answered queue_full",
+                    ticket.id,
+                    self._lease_ms,
+                )
                 raise LeaseLost(ticket.id)
             else:
                 await asyncio.sleep(delay)

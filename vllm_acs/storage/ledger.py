@@ -26,15 +26,11 @@ class UsageLedger:
         self,
         usage: UsageRepository,
         *,
-        on_recorded: Callable[[UsageRow], None] | None = None,
         on_written: Callable[[UsageRow], None] | None = None,
     ) -> None:
-        """`on_recorded` runs when a row is queued; `on_written` once it is in the database.
-
-        Both are public attributes, so the server can connect them after building its plugins.
-        """
+        """`on_written` runs once a row is in the database; a public attribute, so the server
+        can connect it after building its plugins."""
         self._usage = usage
-        self.on_recorded = on_recorded
         self.on_written = on_written
         self._queue: asyncio.Queue[UsageRow] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
@@ -45,8 +41,6 @@ class UsageLedger:
         """Queues one row; returns at once."""
         self._idle.clear()
         self._queue.put_nowait(row)
-        if self.on_recorded is not None:
-            self._call(self.on_recorded, row)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write_forever())
 

@@ -38,9 +38,6 @@ class UsageRow:
     # When the request was admitted: its tokens count in that UTC day and month.
     created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
-    def as_json(self) -> dict[str, Any]:
-        return {**asdict(self), "created_at": self.created_at.isoformat()}
-
 
 def counter_increments(rows: Iterable[UsageRow]) -> dict[str, int]:
     """Tokens each budget counter (full name, with period) gains from `rows`."""
@@ -106,33 +103,32 @@ class UsageRepository:
     async def per_key_model_month(self, period: str | None = None) -> list[dict[str, Any]]:
         """Tokens and requests per (key, model, month), newest month first."""
         c = usage_rows.c
-        query = (
-            select(
-                c.period, c.account_id, c.key_id, c.key_prefix, c.model,
-                func.count().label("requests"),
-                func.sum(c.prompt_tokens).label("prompt_tokens"),
-                func.sum(c.completion_tokens).label("completion_tokens"),
-            )
-            .group_by(c.period, c.account_id, c.key_id, c.key_prefix, c.model)
-            .order_by(c.period.desc(), c.account_id, c.key_prefix, c.model)
-        )  # fmt: skip
-        if period is not None:
-            query = query.where(c.period == period)
-        async with self._engine.connect() as conn:
-            return [_totals(row._asdict()) for row in await conn.execute(query)]
+        return await self._monthly_totals(
+            [c.account_id, c.key_id, c.key_prefix, c.model],
+            [c.account_id, c.key_prefix, c.model],
+            period,
+        )
 
     async def per_account_month(self, period: str | None = None) -> list[dict[str, Any]]:
+        """Tokens and requests per (account, month), newest month first."""
+        c = usage_rows.c
+        return await self._monthly_totals([c.account_id], [c.account_id], period)
+
+    async def _monthly_totals(
+        self, group: list[Any], order: list[Any], period: str | None
+    ) -> list[dict[str, Any]]:
         c = usage_rows.c
         query = (
             select(
-                c.period, c.account_id,
+                c.period,
+                *group,
                 func.count().label("requests"),
                 func.sum(c.prompt_tokens).label("prompt_tokens"),
                 func.sum(c.completion_tokens).label("completion_tokens"),
             )
-            .group_by(c.period, c.account_id)
-            .order_by(c.period.desc(), c.account_id)
-        )  # fmt: skip
+            .group_by(c.period, *group)
+            .order_by(c.period.desc(), *order)
+        )
         if period is not None:
             query = query.where(c.period == period)
         async with self._engine.connect() as conn:

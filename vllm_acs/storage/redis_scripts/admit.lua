@@ -4,7 +4,7 @@
 -- ARGV: 1 ticket, 2 lease_ms, 3 max_running, 4 max_waiting, 5 starts_per_minute,
 --       6 prompt_tokens, 7 choices, 8 max_tokens, 9 hold key prefix, 10 number of budget lines,
 --       then per line: counter (no period), granularity (month|day), kind, limit, name
--- Returns {"ok", applied, "run"|"wait", month, day} | {"budget", name} | {"rate", retry_ms} |
+-- Returns {"ok", applied, "run"|"wait"} | {"budget", name} | {"rate", retry_ms} |
 --   {"full", retry_ms} | {"seed", counter...} (counters Redis does not hold: seed them, call again)
 -- Budget counters carry the UTC period of the server's clock, so they reset without any job.
 
@@ -148,4 +148,4 @@ for _, line in ipairs(lines) do
 end
 redis.call('HSET', KEYS[7], unpack(hold))
 redis.call('ZADD', KEYS[6], now_ms + lease_ms, ticket)
-return {'ok', applied, state, month, day}
+return {'ok', applied, state}
