@@ -6,6 +6,7 @@ A leaf module, used in the API server process. The envelope is the spec's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -16,6 +17,9 @@ class AcsError(Exception):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "server_error"
     code: ClassVar[str] = "internal_error"
+    # An answer a retry cannot fix says so (`x-should-retry: false`); a fixed wait, Retry-After.
+    never_retry: ClassVar[bool] = False
+    retry_after_s: ClassVar[int | None] = None
 
     def __init__(
         self,
@@ -34,6 +38,11 @@ class AcsError(Exception):
         if code is not None:
             self.code = code  # type: ignore[misc]  # per-instance refinement of the class code
         self.headers: dict[str, str] = dict(headers or {})
+        if self.retry_after_s is not None:
+            self.headers.setdefault("retry-after", str(self.retry_after_s))
+            self.headers.setdefault("retry-after-ms", str(self.retry_after_s * 1000))
+        if self.never_retry:
+            self.headers.setdefault("x-should-retry", "false")
 
 
 class InvalidRequest(AcsError):
@@ -62,10 +71,10 @@ class InternalError(AcsError):
     status = 500
     type = "server_error"
     code = "internal_error"
+    never_retry = True
 
     def __init__(self, message: str = "The server had an internal error.", **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
-        self.headers.setdefault("x-should-retry", "false")
 
 
 class BadJson(InvalidRequest):
@@ -102,20 +111,14 @@ class ChatCompletionsUnsupported(InvalidRequest):
 
 class DeadlineInfeasible(InvalidRequest):
     code = "deadline_infeasible"
-
-    def __init__(self, message: str, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.headers.setdefault("x-should-retry", "false")
+    never_retry = True
 
 
 class RequestTooLarge(AcsError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
-
-    def __init__(self, message: str, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.headers.setdefault("x-should-retry", "false")
+    never_retry = True
 
 
 class UpstreamError(AcsError):
@@ -124,16 +127,12 @@ class UpstreamError(AcsError):
     status = 502
     type = "upstream_error"
     code = "upstream_server_error"
-    retry_after_s: ClassVar[int | None] = None
 
     def __init__(self, message: str, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.headers["x-acs-upstream-error-kind"] = self.code
-        if self.retry_after_s is None:
+        if self.retry_after_s is None:  # an engine error without a wait is not worth retrying
             self.headers.setdefault("x-should-retry", "false")
-        else:
-            self.headers["retry-after"] = str(self.retry_after_s)
-            self.headers["retry-after-ms"] = str(self.retry_after_s * 1000)
 
 
 class VllmInvalidRequest(UpstreamError):
@@ -183,6 +182,8 @@ class UpstreamBusy(UpstreamServerError):
 
 # Where RequestIdMiddleware keeps the request's id on `scope["state"]`: every error body carries it.
 REQUEST_ID_STATE_KEY = "acs_request_id"
+# A client's X-Request-Id is kept when it is whole of this (fullmatch); otherwise one is made up.
+REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def error_body(error: AcsError, request_id: str | None) -> dict[str, Any]:
@@ -219,10 +220,7 @@ class BudgetExceeded(AcsError):
     status = 429
     type = "rate_limit_error"
     code = "budget_exceeded"
-
-    def __init__(self, message: str, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.headers.setdefault("x-should-retry", "false")
+    never_retry = True
 
 
 class ActivationQuotaExceeded(AcsError):
@@ -231,6 +229,7 @@ class ActivationQuotaExceeded(AcsError):
     status = 429
     type = "rate_limit_error"
     code = "activation_quota_exceeded"
+    never_retry = True
 
     def __init__(
         self,
@@ -241,21 +240,19 @@ class ActivationQuotaExceeded(AcsError):
         **kwargs: Any,
     ) -> None:
         super().__init__(message, **kwargs)
-        self.headers.setdefault("x-should-retry", "false")
 
 
 class SpendCap(AcsError):
     status = 429
     type = "rate_limit_error"
     code = "spend_cap"
+    never_retry = True
+    retry_after_s = 3600
 
     def __init__(
         self, message: str = "This account is paused by the operator (spend cap).", **kwargs: Any
     ) -> None:
         super().__init__(message, **kwargs)
-        self.headers.setdefault("retry-after", "3600")
-        self.headers.setdefault("retry-after-ms", "3600000")
-        self.headers.setdefault("x-should-retry", "false")
 
 
 class TrafficLimited(AcsError):
