@@ -134,8 +134,6 @@ class AcsEndpointPlugin:
         plugins = self.plugins
         plugins.register(KeyAuthPlugin(storage.keys, settings))
         storage.ledger.on_written = lambda row: notify_usage_recorded(plugins, row)
-        state.acs_settings = settings
-        state.acs_models = self.models
         logger.info(
             "vllm_acs serving %s as model id %r (gpu_shape %s; database %s; counters %s)",
             served.checkpoint,

@@ -7,14 +7,18 @@ so the workers' own re-check (which marks the capture failed: a 502) never fires
 
 from __future__ import annotations
 
-import re
 import secrets
 
 import numpy as np
 
 from ..activations.codec import CodecError, decode_bits
 from ..activations.payload import AcsPayload, SteeringEntry
-from ..errors import ActivationPromptTooLong, InvalidRequest, PositionSteeringUnavailable
+from ..errors import (
+    REQUEST_ID_PATTERN,
+    ActivationPromptTooLong,
+    InvalidRequest,
+    PositionSteeringUnavailable,
+)
 from ..served_model import ServedModel
 from .activation_fields import SteeringVector
 from .completion_request import CompletionRequest
@@ -22,14 +26,13 @@ from .prompts import PromptBatch
 
 # Decoded steering vectors of one request, together: a small body can inflate (zstd) to a lot.
 MAX_STEERING_BYTES = 256 * 1024 * 1024
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _BF16_EXPONENT = np.uint16(0x7F80)
 
 
 def new_capture_id(request_id: str | None) -> str:
     """Unique per request (a client may reuse its X-Request-Id): the id plus random bits."""
     suffix = secrets.token_hex(6)
-    if request_id and _REQUEST_ID.match(request_id):
+    if request_id and REQUEST_ID_PATTERN.fullmatch(request_id):
         return f"{request_id}-{suffix}"
     return f"acs-{suffix}"
 

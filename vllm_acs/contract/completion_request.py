@@ -109,9 +109,14 @@ def parse_completion_request(data: Any) -> CompletionRequest:
         raise _invalid_request(exc) from None
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
-    # Union members show up in `loc` as type tags ("str", "list[str]"): not part of the path.
-    parts = [str(p) for p in loc if isinstance(p, int) or not _is_type_tag(str(p))]
+def _field_path(loc: tuple[Any, ...], *, client_key_last: bool = False) -> str:
+    """Union members show up in `loc` as type tags ("str", "list[str]"): not part of the path.
+    With `client_key_last` the last part is the client's own key (an unknown field), kept
+    whatever it looks like ("max-tokens", "str")."""
+    head = loc[:-1] if client_key_last and loc else loc
+    parts = [str(p) for p in head if isinstance(p, int) or not _is_type_tag(str(p))]
+    if client_key_last and loc:
+        parts.append(str(loc[-1]))
     return ".".join(parts) or "body"
 
 
@@ -120,6 +125,12 @@ def _is_type_tag(part: str) -> bool:
         c in part for c in "[-("
     )
 
+
+# Fields whose value may take several shapes: what a wrong type is told it should be.
+_UNION_WORDS = {
+    "stop": "a string or a list of at most 4 strings",
+    "output_residual_stream": "true, false or a list of layer indices",
+}
 
 _TYPE_WORDS = {
     "int_type": "an integer",
@@ -136,16 +147,16 @@ def _invalid_request(exc: ValidationError) -> InvalidRequest:
     errors = exc.errors()
     # A union reports one error per member; a bound or rule error says more than a type error.
     error = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
-    field = _field_path(error["loc"])
     kind = error["type"]
+    field = _field_path(error["loc"], client_key_last=kind == "extra_forbidden")
     if kind == "extra_forbidden":
         return InvalidRequest(f"Unknown field '{field}'.", param=field)
     if kind == "missing":
         return InvalidRequest(f"Missing required field '{field}'.", param=field)
     if kind in _TYPE_WORDS:
         expected = _TYPE_WORDS[kind]
-        if kind.endswith("_type") and len({e["type"] for e in errors}) > 1:
-            expected = "one of the documented types"
+        if field in _UNION_WORDS or len({e["type"] for e in errors}) > 1:
+            expected = _UNION_WORDS.get(field, "one of the documented types")
         return InvalidRequest(f"Invalid type for '{field}': expected {expected}.", param=field)
     rule = error.get("ctx", {}).get("error")
     if rule is not None:  # one of this module's validators: its message already says enough

@@ -6,17 +6,16 @@ API server process; the outermost of the plugin's middleware. The client's id is
 
 from __future__ import annotations
 
-import re
 import uuid
 
+from ..errors import REQUEST_ID_PATTERN
 from .asgi import REQUEST_ID_STATE_KEY, ASGIApp, Message, Receive, Scope, Send, header, with_header
 
-_VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _HEADER = b"x-request-id"
 
 
 def choose_request_id(client_value: str | None) -> str:
-    if client_value is not None and _VALID_REQUEST_ID.fullmatch(client_value):
+    if client_value is not None and REQUEST_ID_PATTERN.fullmatch(client_value):
         return client_value
     return uuid.uuid4().hex
 

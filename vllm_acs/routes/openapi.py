@@ -11,6 +11,7 @@ from typing import Any
 
 from ..contract.activation_fields import CODEC_SCHEMA
 from ..contract.completion_request import CompletionRequest
+from ..errors import REQUEST_ID_PATTERN
 from ..settings import Settings
 from .models.protocol import ModelCard, ModelList
 
@@ -78,7 +79,7 @@ HEADERS: dict[str, dict[str, Any]] = {
     "X-Request-Id": {
         "description": "The request's trace id (the client's when 1-64 of [A-Za-z0-9_-])",
         "required": True,
-        "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+        "schema": {"type": "string", "pattern": f"^{REQUEST_ID_PATTERN.pattern}$"},
     },
     "X-Acs-Upstream-Model": {"description": "The checkpoint", "schema": {"type": "string"}},
     "X-Acs-Upstream-Gpu": {"description": "The operator's gpu_shape", "schema": {"type": "string"}},
@@ -109,7 +110,8 @@ _ERROR_TEXT = {
     403: "scope_denied: the key lacks the route's scope",
     404: "Unknown route or id",
     413: "request_too_large",
-    429: "budget_exceeded (no Retry-After), queue_full, rate_limited, spend_cap (Retry-After)",
+    429: "budget_exceeded, activation_quota_exceeded (no Retry-After), queue_full, rate_limited, "
+    "spend_cap (Retry-After)",
     500: "internal_error",
     502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error; "
     "capture_incomplete (retry after Retry-After), capture_rows_missing (not retryable))",
