@@ -232,19 +232,24 @@ class _StreamResponder:
             self.capture.release()
         out: list[bytes] = []
         if activations is not None:
+            # Key order and separators matter: response_usage.py spots this chunk by them.
             chunk = {
                 **self.head,
                 "object": "text_completion",
                 "choices": [],
                 "activations": activations,
             }
-            encoded = await asyncio.to_thread(json.dumps, chunk, separators=(",", ":"))
-            out.append(b"data: " + encoded.encode() + _SEP)
+            # Megabytes: serialised, encoded and framed off the event loop.
+            out.append(await asyncio.to_thread(_sse_frame, chunk))
         if self.usage_event is not None:
             out.append(self.usage_event)
         if done:
             out.append(_DONE + _SEP)
         return out
+
+
+def _sse_frame(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + _SEP
 
 
 def _json_data(event: bytes) -> dict[str, Any]:

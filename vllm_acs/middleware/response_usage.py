@@ -12,6 +12,10 @@ from typing import Any
 
 _TAIL = 64 * 1024
 _USAGE = b'"usage"'
+# How the plugin's own residual-stream chunk starts to differ from vLLM's chunks (its keys come
+# in this order: activation_response.py), looked for in the first _HEAD bytes of a line.
+_ACTIVATIONS_CHUNK = b'"choices":[],"activations":'
+_HEAD = 4096
 
 
 def _usage_of(payload: Any) -> tuple[int, int] | None:
@@ -39,21 +43,21 @@ class ResponseUsage:
         if self.stream:
             self._feed_events(body)
         else:
-            self._tail = (self._tail + body)[-_TAIL:]
+            self._tail = (self._tail + body[-_TAIL:])[-_TAIL:]  # no copy of a large body
 
     def _feed_events(self, body: bytes) -> None:
         self._pending += body
         *lines, self._pending = self._pending.split(b"\n")
         for line in lines:
+            if _ACTIVATIONS_CHUNK in line[:_HEAD]:
+                # The plugin's own residual-stream chunk (activation_response.py): it can be
+                # megabytes and carries no tokens, so it is neither copied nor parsed here.
+                continue
             line = line.strip()
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
             if not data or data == b"[DONE]":
-                continue
-            if b'"choices":[],"activations":' in data:
-                # The plugin's own residual-stream chunk (activation_response.py): it can be
-                # megabytes and carries no tokens, so it is not parsed on the event loop.
                 continue
             try:
                 chunk = json.loads(data)
