@@ -201,9 +201,11 @@ class ActivationRuntime:
         try:
             capture_id = json.loads(str((new.extra_args or {}).get("acs")))["capture_id"]
             if self.writes_files:
-                CaptureWriter.create(
+                writer = CaptureWriter.create(
                     self.root, capture_id, n_layers=0, capacity=0, hidden=self.hidden
-                ).fail(message)
+                )
+                writer.fail(message)
+                writer.close()  # no state keeps it: close now, or its descriptor leaks
         except (ValueError, TypeError, KeyError, CaptureError, OSError):
             pass
 
