@@ -18,7 +18,8 @@ from ..settings import Settings
 from .asgi import ASGIApp, Receive, Scope, Send, header, read_body, request_id, send_error
 
 COMPLETIONS_PATH = "/v1/completions"
-# Bodies above this are validated in a worker thread: tokenizing them would stall other requests.
+# Bodies above this are parsed and validated in a worker thread: parsing and tokenizing them
+# would stall other requests.
 _INLINE_LIMIT_BYTES = 16 * 1024
 
 
@@ -47,10 +48,13 @@ class StrictValidationMiddleware:
         await self.app(scope, receive, send)
 
     async def _validate(self, body: bytes, rid: str | None) -> ValidatedCompletion:
+        if len(body) <= _INLINE_LIMIT_BYTES:
+            return self._parse_and_validate(body, rid)
+        return await asyncio.to_thread(self._parse_and_validate, body, rid)
+
+    def _parse_and_validate(self, body: bytes, rid: str | None) -> ValidatedCompletion:
         try:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             raise BadJson("The request body is not valid JSON.") from None
-        if len(body) <= _INLINE_LIMIT_BYTES:
-            return validate_completion(data, self.models, self.settings, rid)
-        return await asyncio.to_thread(validate_completion, data, self.models, self.settings, rid)
+        return validate_completion(data, self.models, self.settings, rid)
