@@ -9,44 +9,84 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-# (what fails, method, path, body): one per kind of failure the plugin or vLLM can produce.
+# (what fails, method, path, body, status, code): one per kind of failure the plugin or vLLM
+# can produce, with the status and `error.code` the spec (and docs/decisions.md) gives it.
 FAILURE_PATHS = [
-    ("bad JSON", "POST", "/v1/completions", b"{"),
-    ("schema", "POST", "/v1/completions", b'{"prompt": "x", "nope": 1}'),
-    ("a rule", "POST", "/v1/completions", b'{"prompt": ["a", "b"]}'),
-    ("model", "POST", "/v1/completions", b'{"prompt": "x", "model": "gpt-4"}'),
-    ("deadline", "POST", "/v1/completions", b'{"prompt": "x", "max_tokens": 20000}'),
-    ("context", "POST", "/v1/completions", b'{"prompt": "x", "max_tokens": 5000, "stream": true}'),
+    ("bad JSON", "POST", "/v1/completions", b"{", 400, "bad_json"),
+    ("schema", "POST", "/v1/completions", b'{"prompt": "x", "nope": 1}', 400, "invalid_request"),
+    ("a rule", "POST", "/v1/completions", b'{"prompt": ["a", "b"]}', 400, "invalid_request"),
+    (
+        "model",
+        "POST",
+        "/v1/completions",
+        b'{"prompt": "x", "model": "gpt-4"}',
+        400,
+        "model_not_found",
+    ),
+    (
+        "deadline",
+        "POST",
+        "/v1/completions",
+        b'{"prompt": "x", "max_tokens": 20000}',
+        400,
+        "deadline_infeasible",
+    ),
+    (
+        "context",
+        "POST",
+        "/v1/completions",
+        b'{"prompt": "x", "max_tokens": 5000, "stream": true}',
+        400,
+        "context_length_exceeded",
+    ),
     (
         "engine",
         "POST",
         "/v1/completions",
         b'{"prompt": "x", "max_tokens": 2, "n": 3, "temperature": 0}',
+        400,
+        "vllm_invalid_request",
     ),
-    ("chat", "POST", "/v1/chat/completions", b'{"messages": []}'),
-    ("route", "GET", "/v1/files", None),
-    ("route under a known one", "GET", "/v1/models/a/b", None),
-    ("method", "PUT", "/v1/models", None),
-    ("id", "GET", "/v1/models/unknown-model", None),
-    ("size", "POST", "/v1/completions", b'{"prompt": "' + b"x" * (9 * 1024 * 1024) + b'"}'),
+    (
+        "chat",
+        "POST",
+        "/v1/chat/completions",
+        b'{"messages": []}',
+        400,
+        "chat_completions_unsupported",
+    ),
+    ("route", "GET", "/v1/files", None, 404, "not_found"),
+    ("route under a known one", "GET", "/v1/models/a/b", None, 404, "not_found"),
+    ("method", "PUT", "/v1/models", None, 405, "method_not_allowed"),
+    ("id", "GET", "/v1/models/unknown-model", None, 404, "model_not_found"),
+    (
+        "size",
+        "POST",
+        "/v1/completions",
+        b'{"prompt": "' + b"x" * (9 * 1024 * 1024) + b'"}',
+        413,
+        "request_too_large",
+    ),
 ]
 
 
 @pytest.mark.parametrize("client_id", ["walk-1", None, "not valid!"])
-@pytest.mark.parametrize(("what", "method", "path", "body"), FAILURE_PATHS)
-def test_failure_answers_the_envelope(acs_server, auth, what, method, path, body, client_id):
+@pytest.mark.parametrize(("what", "method", "path", "body", "status", "code"), FAILURE_PATHS)
+def test_failure_answers_the_envelope(
+    acs_server, auth, what, method, path, body, status, code, client_id
+):
     headers = {"Content-Type": "application/json", **auth}
     if client_id is not None:
         headers["X-Request-Id"] = client_id
     response = httpx.request(
         method, acs_server.base_url + path, content=body, headers=headers, timeout=60
     )
-    assert 400 <= response.status_code < 600
+    assert response.status_code == status, response.text[:500]
     assert response.headers["content-type"] == "application/json"
     body_json = response.json()
     assert set(body_json) == {"error", "request_id"}
     assert set(body_json["error"]) >= {"message", "type", "param", "code"}
-    assert isinstance(body_json["error"]["code"], str)
+    assert body_json["error"]["code"] == code
     assert "detail" not in response.text
     rid = response.headers["x-request-id"]
     assert body_json["request_id"] == rid

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from tests.services import REDIS_URL
-from tests.unit.access_stack import EngineControl, access_stack
+from tests.unit.access_stack import EngineControl, access_stack, occupy_the_slot_and_queue_one
 from vllm_acs.settings import Settings
 from vllm_acs.storage import open_storage
 
@@ -34,12 +34,13 @@ def test_admission_with_redis_counters(tmp_path: Path, redis_prefix: str):
                 async def post(**json: object) -> httpx.Response:
                     return await client.post("/v1/completions", headers=headers, json=json)
 
-                first = asyncio.create_task(post(prompt="a b", max_tokens=5, block=True))
-                while control.entered < 1:
-                    await asyncio.sleep(0.005)
-                second = asyncio.create_task(post(prompt="a b", max_tokens=50))
-                while await storage.counters.slots(key.id) != (1, 1):
-                    await asyncio.sleep(0.005)
+                first, second = await occupy_the_slot_and_queue_one(
+                    storage,
+                    control,
+                    key.id,
+                    lambda: post(prompt="a b", max_tokens=5, block=True),
+                    lambda: post(prompt="a b", max_tokens=50),
+                )
                 # 30 - 7 held by the first - 2 prompt: the waiting one is clamped to 21.
                 assert await storage.counters.committed(counter) == 7 + 2 + 21
                 # The budget is all held now; that refusal comes before the full queue's.

@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.storage.helpers import settings_for
+from vllm_acs.errors import AcsError
 from vllm_acs.key_auth import KeyAuthPlugin
 from vllm_acs.storage import open_storage
 from vllm_acs.storage.api_key_secret import looks_like_secret
@@ -87,11 +90,9 @@ def test_operator_commands_against_a_live_database(database_url: str, tmp_path: 
                 _cli(database_url, tmp_path, "keys", "pause", created["prefix"], "--json")["state"]
                 == "paused"
             )
-            try:
+            with pytest.raises(AcsError) as refused:  # a paused key does not authenticate
                 await plugin.acs_authenticate(headers)
-                raise AssertionError("a paused key authenticated")
-            except Exception as refused:
-                assert getattr(refused, "code", None) == "key_disabled"
+            assert refused.value.code == "key_disabled"
             _cli(database_url, tmp_path, "keys", "resume", created["id"])
             changed = _cli(
                 database_url,

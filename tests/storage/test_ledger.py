@@ -36,16 +36,23 @@ def test_record_does_not_wait_for_a_locked_database(tmp_path: Path):
             locker = sqlite3.connect(
                 tmp_path / "acs.sqlite3", isolation_level=None, check_same_thread=False
             )
-            locker.execute("BEGIN EXCLUSIVE")
-            threading.Timer(0.4, locker.rollback).start()
-            started = time.perf_counter()
-            for i in range(100):
-                storage.ledger.record(_row(i))
-            assert time.perf_counter() - started < 0.05
-            await asyncio.sleep(0.1)
-            await storage.ledger.flush(10)
-            assert len(await storage.usage.rows()) == 100
-            locker.close()
+            unlock = threading.Timer(0.4, locker.rollback)
+            try:
+                locker.execute("BEGIN EXCLUSIVE")
+                unlock.start()
+                started = time.perf_counter()
+                for i in range(100):
+                    storage.ledger.record(_row(i))
+                # Well under the 0.4 s the database stays locked: record() did not wait for it.
+                assert time.perf_counter() - started < 0.3
+                await asyncio.sleep(0.1)
+                await storage.ledger.flush(10)
+                assert len(await storage.usage.rows()) == 100
+            finally:
+                unlock.cancel()
+                if unlock.is_alive():
+                    unlock.join()
+                locker.close()
         finally:
             await storage.close()
 

@@ -8,8 +8,10 @@ under test are AuthMiddleware, AdmissionMiddleware, the key plugin, storage and 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -26,6 +28,9 @@ from vllm_acs.plugins import build_plugin_manager
 from vllm_acs.principal import PRINCIPAL_STATE_KEY
 from vllm_acs.served_model import ServedModel
 from vllm_acs.storage import Storage
+
+T = TypeVar("T")
+U = TypeVar("U")
 
 MODEL = ServedModel(
     id="tiny",
@@ -120,3 +125,69 @@ def access_stack(storage: Storage, control: EngineControl, *plugins: object) -> 
     )
     admission = AdmissionMiddleware(fake_engine(control), storage.counters, storage.ledger)
     return RequestIdMiddleware(AuthMiddleware(FakeValidation(admission), manager))
+
+
+def _outcome(task: asyncio.Task[Any]) -> str:
+    """What a finished task came to, in a line a failing test can show."""
+    if task.cancelled():
+        return "it was cancelled"
+    error = task.exception()
+    if error is not None:
+        return f"it raised {error!r}"
+    result = task.result()
+    if hasattr(result, "status_code") and hasattr(result, "text"):  # an httpx.Response
+        return f"it answered {result.status_code}: {result.text[:500]}"
+    return f"it returned {result!r:.500}"
+
+
+async def until(
+    predicate: Callable[[], object],
+    *,
+    watch: asyncio.Task[Any] | None = None,
+    timeout: float = 5.0,
+) -> None:
+    """Waits until `predicate()` (sync or async) is true, polling every 5 ms.
+
+    Fails after `timeout` seconds, and at once, with its result, if the task `watch` (the request
+    that should bring the condition about) finished before the condition held.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    name = getattr(predicate, "__name__", repr(predicate))
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if watch is not None and watch.done():
+            raise AssertionError(f"the watched task finished before {name} held: {_outcome(watch)}")
+        if loop.time() >= deadline:
+            raise AssertionError(f"{name} did not hold within {timeout} s")
+        await asyncio.sleep(0.005)
+
+
+async def occupy_the_slot_and_queue_one(
+    storage: Storage,
+    control: EngineControl,
+    key_id: str,
+    running: Callable[[], Coroutine[Any, Any, T]],
+    waiting: Callable[[], Coroutine[Any, Any, U]],
+) -> tuple[asyncio.Task[T], asyncio.Task[U]]:
+    """For a key with one running slot: starts `running` (a request the fake engine holds, sent
+    with `block: true`) and waits until the engine has it, then starts `waiting` and waits until
+    it is queued for the slot (slots `(1, 1)`). Returns both tasks, still pending.
+    """
+    first = asyncio.create_task(running())
+
+    def engine_holds_the_first() -> bool:
+        return control.entered >= 1
+
+    await until(engine_holds_the_first, watch=first)
+    second = asyncio.create_task(waiting())
+
+    async def one_running_one_waiting() -> bool:
+        return await storage.counters.slots(key_id) == (1, 1)
+
+    await until(one_running_one_waiting, watch=second)
+    return first, second

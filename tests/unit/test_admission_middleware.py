@@ -12,7 +12,12 @@ from typing import Any
 
 import httpx
 
-from tests.unit.access_stack import EngineControl, access_stack
+from tests.unit.access_stack import (
+    EngineControl,
+    access_stack,
+    occupy_the_slot_and_queue_one,
+    until,
+)
 from vllm_acs.settings import Settings
 from vllm_acs.storage import Storage, open_storage
 
@@ -138,12 +143,13 @@ def test_starts_per_minute_answer_rate_limited_with_retry_headers(tmp_path: Path
 
 def test_slots_queue_fifo_and_refuse_queue_full(tmp_path: Path):
     async def body(env: Env) -> None:
-        first = asyncio.create_task(env.post(prompt="a", max_tokens=1, block=True))
-        while env.control.entered < 1:
-            await asyncio.sleep(0.005)
-        second = asyncio.create_task(env.post(prompt="a", max_tokens=1))
-        while (await env.storage.counters.slots(env.key.id)) != (1, 1):
-            await asyncio.sleep(0.005)
+        first, second = await occupy_the_slot_and_queue_one(
+            env.storage,
+            env.control,
+            env.key.id,
+            lambda: env.post(prompt="a", max_tokens=1, block=True),
+            lambda: env.post(prompt="a", max_tokens=1),
+        )
         full = await env.post(prompt="a", max_tokens=1)
         assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
         assert full.headers["retry-after"] == "1" and full.headers["retry-after-ms"] == "1000"
@@ -232,8 +238,11 @@ def test_client_disconnect_mid_stream_settles_at_what_was_delivered(tmp_path: Pa
                 gone,
             )
         )
-        while await env.committed() != 52 or env.control.entered == 0:
-            await asyncio.sleep(0.005)
+
+        async def held_and_streaming() -> bool:
+            return await env.committed() == 52 and env.control.entered > 0
+
+        await until(held_and_streaming, watch=call)
         await asyncio.sleep(0.05)
         gone.set()
         sent = await asyncio.wait_for(call, 5)
@@ -248,15 +257,14 @@ def test_client_disconnect_mid_stream_settles_at_what_was_delivered(tmp_path: Pa
 
 def test_client_leaving_the_queue_frees_its_place(tmp_path: Path):
     async def body(env: Env) -> None:
-        first = asyncio.create_task(env.post(prompt="a", max_tokens=1, block=True))
-        while env.control.entered < 1:
-            await asyncio.sleep(0.005)
         gone = asyncio.Event()
-        waiting = asyncio.create_task(
-            _call(env.app, env.secret, {"prompt": "a", "max_tokens": 1}, gone)
+        first, waiting = await occupy_the_slot_and_queue_one(
+            env.storage,
+            env.control,
+            env.key.id,
+            lambda: env.post(prompt="a", max_tokens=1, block=True),
+            lambda: _call(env.app, env.secret, {"prompt": "a", "max_tokens": 1}, gone),
         )
-        while (await env.storage.counters.slots(env.key.id)) != (1, 1):
-            await asyncio.sleep(0.005)
         gone.set()
         assert await asyncio.wait_for(waiting, 5) == []  # nothing is sent to a gone client
         assert await env.storage.counters.slots(env.key.id) == (1, 0)

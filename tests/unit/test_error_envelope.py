@@ -24,6 +24,14 @@ def _vllm_error(status: int, message: str) -> dict:
     return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": status}}
 
 
+def _retry_after_s(response) -> int:
+    """The wait a retryable answer gives: Retry-After in whole seconds, retry-after-ms the same."""
+    seconds, millis = response.headers["retry-after"], response.headers["retry-after-ms"]
+    assert seconds.isdigit() and int(seconds) > 0
+    assert millis.isdigit() and int(millis) == int(seconds) * 1000
+    return int(seconds)
+
+
 def test_vllm_400_becomes_vllm_invalid_request():
     response = request(_stack(json_app(400, _vllm_error(400, "n must be 1 when greedy"))))
     assert response.status_code == 400
@@ -44,11 +52,11 @@ def test_engine_dead_and_oom_are_retryable_502s():
     dead = request(_stack(json_app(500, _vllm_error(500, "EngineCore encountered an issue."))))
     assert dead.status_code == 502
     assert _envelope(dead)["code"] == "vllm_engine_dead"
-    assert dead.headers["retry-after"] == "10" and dead.headers["retry-after-ms"] == "10000"
+    assert _retry_after_s(dead) == 10
     oom = request(_stack(json_app(500, _vllm_error(500, "CUDA out of memory. Tried..."))))
     assert oom.status_code == 502
     assert _envelope(oom)["code"] == "vllm_oom"
-    assert "retry-after" in oom.headers
+    _retry_after_s(oom)
 
 
 def test_other_engine_500_is_upstream_server_error_with_its_status():
@@ -65,7 +73,11 @@ def test_other_engine_500_is_upstream_server_error_with_its_status():
 def test_engine_503_is_retryable():
     response = request(_stack(json_app(503, _vllm_error(503, "busy"))))
     assert response.status_code == 502
-    assert "retry-after" in response.headers
+    error = _envelope(response)
+    assert error["code"] == "upstream_server_error"
+    assert error["upstream_status"] == 503
+    _retry_after_s(response)
+    assert response.headers.get("x-should-retry") != "false"  # retryable
 
 
 def test_framework_404_and_405_on_other_routes():

@@ -116,39 +116,48 @@ def test_module_follows_the_import_rules(path: Path):
     assert _violations(path) == []
 
 
-def test_the_checker_sees_an_activations_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize(
+    ("subpackage", "source", "expected"),
+    [
+        (
+            "activations",
+            "import torch\nfrom ..hooks import compat\n",
+            [
+                "vllm_acs.activations.bad imports torch",
+                "vllm_acs.activations.bad imports vllm_acs.hooks",
+                "vllm_acs.activations.bad imports vllm_acs.hooks.compat",
+            ],
+        ),
+        (
+            "middleware",
+            "import torch\nfrom ..routes.models import service\n",
+            [
+                "vllm_acs.middleware.bad imports torch",
+                "vllm_acs.middleware.bad imports vllm_acs.routes.models",
+                "vllm_acs.middleware.bad imports vllm_acs.routes.models.service",
+            ],
+        ),
+        (
+            # storage may import only the leaves (principal is one; key_auth is not)
+            "storage",
+            "from ..principal import Principal\nfrom ..key_auth import KeyAuthPlugin\n",
+            [
+                "vllm_acs.storage.bad imports vllm_acs.key_auth",
+                "vllm_acs.storage.bad imports vllm_acs.key_auth.KeyAuthPlugin",
+            ],
+        ),
+    ],
+)
+def test_the_checker_sees_a_violation(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    subpackage: str,
+    source: str,
+    expected: list[str],
+):
     fake_package = tmp_path / "vllm_acs"
-    (fake_package / "activations").mkdir(parents=True)
-    bad = fake_package / "activations" / "bad.py"
-    bad.write_text("import torch\nfrom ..hooks import compat\n")
+    (fake_package / subpackage).mkdir(parents=True)
+    bad = fake_package / subpackage / "bad.py"
+    bad.write_text(source)
     monkeypatch.setitem(globals(), "PACKAGE", fake_package)
-    assert sorted(_violations(bad)) == [
-        "vllm_acs.activations.bad imports torch",
-        "vllm_acs.activations.bad imports vllm_acs.hooks",
-        "vllm_acs.activations.bad imports vllm_acs.hooks.compat",
-    ]
-
-
-def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    fake_package = tmp_path / "vllm_acs"
-    (fake_package / "middleware").mkdir(parents=True)
-    bad = fake_package / "middleware" / "bad.py"
-    bad.write_text("import torch\nfrom ..routes.models import service\n")
-    monkeypatch.setitem(globals(), "PACKAGE", fake_package)
-    assert sorted(_violations(bad)) == [
-        "vllm_acs.middleware.bad imports torch",
-        "vllm_acs.middleware.bad imports vllm_acs.routes.models",
-        "vllm_acs.middleware.bad imports vllm_acs.routes.models.service",
-    ]
-
-
-def test_storage_may_import_only_leaves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    fake_package = tmp_path / "vllm_acs"
-    (fake_package / "storage").mkdir(parents=True)
-    bad = fake_package / "storage" / "bad.py"
-    bad.write_text("from ..principal import Principal\nfrom ..key_auth import KeyAuthPlugin\n")
-    monkeypatch.setitem(globals(), "PACKAGE", fake_package)
-    assert sorted(_violations(bad)) == [
-        "vllm_acs.storage.bad imports vllm_acs.key_auth",
-        "vllm_acs.storage.bad imports vllm_acs.key_auth.KeyAuthPlugin",
-    ]
+    assert sorted(_violations(bad)) == expected

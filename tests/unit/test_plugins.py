@@ -55,8 +55,11 @@ def test_acs_authenticate_an_operator_plugin_goes_before_the_key_check(tmp_path:
 def test_authenticate_returns_none_when_no_plugin_decides():
     manager = build_plugin_manager(AsyncNobody(), load_entry_points=False)
     assert asyncio.run(authenticate(manager, {}, "GET", "/v1/models")) is None
-    # Loading the operator's entry-point group works when nothing is registered there.
-    assert build_plugin_manager(load_entry_points=True).get_plugins() is not None
+    # Loading the operator's entry-point group works when nothing is registered there: the
+    # manager holds exactly the built-in plugins, as without entry points.
+    nobody = AsyncNobody()
+    assert build_plugin_manager(load_entry_points=True).get_plugins() == set()
+    assert build_plugin_manager(nobody, load_entry_points=True).get_plugins() == {nobody}
 
 
 class BillingExport:
