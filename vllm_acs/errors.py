@@ -182,6 +182,8 @@ class UpstreamBusy(UpstreamServerError):
 
 # Where RequestIdMiddleware keeps the request's id on `scope["state"]`: every error body carries it.
 REQUEST_ID_STATE_KEY = "acs_request_id"
+# `scope["state"]` key of the spec error code a request was answered with (for the metrics).
+ERROR_CODE_STATE_KEY = "acs_error_code"
 # A client's X-Request-Id is kept when it is whole of this (fullmatch); otherwise one is made up.
 REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+from argparse import Namespace
 from collections.abc import MutableMapping, Sequence
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -42,19 +44,36 @@ def with_default_args(args: Sequence[str]) -> list[str]:
     return [*args, *extra]
 
 
-def run_vllm_serve(serve_args: Sequence[str]) -> None:
-    """`vllm serve SERVE_ARGS...` with the plugin on; returns when the server stops."""
-    plugin_environment(os.environ)
+def _serve_parser() -> tuple[Any, Any]:
+    """vLLM's `serve` subcommand and an argument parser that has only it."""
     from vllm.entrypoints.cli.serve import cmd_init
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.logger import configure_logging_from_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    cli_env_setup()
     parser = FlexibleArgumentParser(prog="vllm-acs", description="vllm serve with vllm_acs")
     subparsers = parser.add_subparsers(required=True, dest="subparser")
     (serve,) = cmd_init()
     serve.subparser_init(subparsers).set_defaults(dispatch_function=serve.cmd)
+    return parser, serve
+
+
+def parse_serve_args(serve_args: Sequence[str]) -> Namespace:
+    """The Namespace `vllm-acs serve SERVE_ARGS...` runs with (our default arguments added)."""
+    parser, _ = _serve_parser()
+    return parser.parse_args(["serve", *with_default_args(serve_args)])
+
+
+def run_vllm_serve(serve_args: Sequence[str], plugin: bool = True) -> None:
+    """`vllm serve SERVE_ARGS...` with the plugin on; returns when the server stops.
+
+    `plugin=False` leaves VLLM_PLUGINS as it is (plain vLLM, for benchmarks/serve_overhead.py).
+    """
+    if plugin:
+        plugin_environment(os.environ)
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+
+    cli_env_setup()
+    parser, serve = _serve_parser()
     args = parser.parse_args(["serve", *with_default_args(serve_args)])
     configure_logging_from_args(args)
     serve.validate(args)

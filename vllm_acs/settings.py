@@ -65,6 +65,12 @@ class Settings:
     # Where workers write capture files for the API server to read (activations/store.py);
     # unset: /dev/shm/vllm-acs. Every process of one deployment on a host must agree.
     capture_dir: Path | None = None
+    # The node's surface (shared/spec/DECISIONS.md): vLLM's routes outside the public API answer
+    # 404 unless listed here (exact paths, e.g. `/tokenize,/version`; never under /v1). They are
+    # served as vLLM serves them, without a key: for a node on a private network.
+    expose_vllm_routes: tuple[str, ...] = ()
+    # vLLM's Prometheus `/metrics`, with the plugin's own series beside vLLM's.
+    expose_metrics: bool = True
 
     @property
     def resolved_database_url(self) -> str:
@@ -99,9 +105,22 @@ class Settings:
         return cls(**{name: _coerce(name, fields[name], value) for name, value in values.items()})
 
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
 def _coerce(name: str, spec: dataclasses.Field, value: Any) -> Any:
     kind = str(spec.type)
     where = f"{ENV_PREFIX}{name.upper()} / additional_config.{ADDITIONAL_CONFIG_KEY}.{name}"
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE | _FALSE:
+            return text in _TRUE
+        raise SettingsError(f"{where} must be true or false, got {value!r}")
+    if kind.startswith("tuple"):
+        return _route_paths(where, value)
     if kind.startswith("int"):
         if isinstance(value, bool):
             raise SettingsError(f"{where} must be an integer, got {value!r}")
@@ -117,3 +136,20 @@ def _coerce(name: str, spec: dataclasses.Field, value: Any) -> Any:
     if not isinstance(value, str) or not value.strip():
         raise SettingsError(f"{where} must be a non-empty string, got {value!r}")
     return value.strip()
+
+
+def _route_paths(where: str, value: Any) -> tuple[str, ...]:
+    """Exact URL paths, from a comma-separated string or a JSON list; none under /v1."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise SettingsError(f"{where} must be a list of paths, got {value!r}")
+    paths = tuple(dict.fromkeys(i.strip() for i in items if i.strip()))
+    for path in paths:
+        if not path.startswith("/") or any(c in path for c in "*?# "):
+            raise SettingsError(f"{where}: {path!r} is not an exact path like /tokenize")
+        if path == "/v1" or path.startswith("/v1/"):
+            raise SettingsError(
+                f"{where}: {path!r} is under /v1, the public API, which the plugin serves "
+                "itself; only vLLM routes outside /v1 can be exposed"
+            )
+    return paths

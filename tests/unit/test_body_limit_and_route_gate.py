@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.unit.asgi_apps import json_app, request
+from vllm_acs.contract.routes import Surface
 from vllm_acs.middleware.asgi import read_body
 from vllm_acs.middleware.body_limit import BodyLimitMiddleware
 from vllm_acs.middleware.route_gate import RouteGateMiddleware
@@ -59,11 +62,83 @@ def test_route_gate():
     gate = RouteGateMiddleware(json_app(200, {"ok": True}))
     assert request(gate, "POST", "/v1/completions").status_code == 200
     assert request(gate, "GET", "/v1/models/abc").status_code == 200
-    assert request(gate, "HEAD", "/v1/models").status_code == 200
     assert request(gate, "GET", "/health").status_code == 200
+    assert request(gate, "GET", "/openapi.json").status_code == 200
     missing = request(gate, "GET", "/v1/embeddings")
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
     wrong = request(gate, "PUT", "/v1/completions")
     assert (wrong.status_code, wrong.headers["allow"]) == (405, "POST")
+    assert request(gate, "POST", "/health").headers["allow"] == "GET, HEAD"
     chat = request(gate, "POST", "/v1/chat/completions")
     assert chat.json()["error"]["code"] == "chat_completions_unsupported"
+
+
+@pytest.mark.parametrize("path", ["/invocations", "/tokenize", "/metrics/x", "/", "/v2/x"])
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE", "OPTIONS"])
+def test_everything_outside_the_surface_is_a_404_before_the_app_runs(path, method):
+    calls: list[str] = []
+
+    async def app(scope, receive, send):
+        calls.append(scope["path"])
+        await json_app(200, {"ok": True})(scope, receive, send)
+
+    response = request(RouteGateMiddleware(app), method, path)
+    assert (response.status_code, response.json()["error"]["code"]) == (404, "not_found")
+    assert calls == []
+
+
+def test_exposed_routes_pass_and_metrics_can_be_closed():
+    app = json_app(200, {"ok": True})
+    default = RouteGateMiddleware(app, Surface())
+    assert request(default, "GET", "/metrics").status_code == 200
+    assert request(default, "POST", "/tokenize").status_code == 404
+    opened = RouteGateMiddleware(app, Surface(["/tokenize"], metrics=False))
+    assert request(opened, "POST", "/tokenize").status_code == 200
+    assert request(opened, "POST", "/detokenize").status_code == 404
+    assert request(opened, "GET", "/metrics").status_code == 404
+
+
+def test_head_is_get_without_the_body():
+    seen: list[str] = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["method"])
+        await json_app(200, {"ok": True})(scope, receive, send)
+
+    response = request(RouteGateMiddleware(app), "HEAD", "/health")
+    assert (response.status_code, response.content, seen) == (200, b"", ["GET"])
+
+
+def test_a_cors_preflight_passes_to_the_app_on_public_routes_only():
+    gate = RouteGateMiddleware(json_app(200, {"ok": True}))
+    preflight = {"Origin": "https://x.example", "Access-Control-Request-Method": "POST"}
+    assert request(gate, "OPTIONS", "/v1/completions", headers=preflight).status_code == 200
+    assert request(gate, "OPTIONS", "/v1/completions").status_code == 405
+    assert request(gate, "OPTIONS", "/invocations", headers=preflight).status_code == 404
+
+
+def test_websockets_are_closed_before_the_app_runs():
+    sent: list[dict] = []
+    calls: list[str] = []
+
+    async def app(scope, receive, send):
+        calls.append(scope["path"])
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "websocket.connect"}
+
+    scope = {"type": "websocket", "path": "/v1/realtime", "headers": []}
+    asyncio.run(RouteGateMiddleware(app)(scope, receive, send))
+    assert sent == [{"type": "websocket.close", "code": 1008}]
+    assert calls == []
+
+
+def test_route_labels_are_templates_never_client_paths():
+    surface = Surface(["/tokenize"])
+    assert surface.route_label("/v1/models/some-model") == "/v1/models/{model_id}"
+    assert surface.route_label("/tokenize") == "/tokenize"
+    assert surface.route_label("/metrics") == "/metrics"
+    assert surface.route_label("/secret/acs-bm-12345678") == "other"

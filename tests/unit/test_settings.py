@@ -58,3 +58,33 @@ def test_bad_integer_is_refused(value):
 
 def test_other_additional_config_keys_are_left_to_vllm():
     assert Settings.load(environ={}, additional_config={"other": 1}).model_id is None
+
+
+def test_surface_settings():
+    default = Settings.load(environ={})
+    assert (default.expose_vllm_routes, default.expose_metrics) == ((), True)
+    environ = {"VLLM_ACS_EXPOSE_VLLM_ROUTES": "/tokenize, /version", "VLLM_ACS_EXPOSE_METRICS": "0"}
+    settings = Settings.load(environ=environ)
+    assert settings.expose_vllm_routes == ("/tokenize", "/version")
+    assert settings.expose_metrics is False
+    listed = Settings.load(environ={}, additional_config={"acs": {"expose_vllm_routes": ["/ping"]}})
+    assert listed.expose_vllm_routes == ("/ping",)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("/v1/embeddings", "under /v1"),
+        ("/v1", "under /v1"),
+        ("tokenize", "exact path"),
+        ("/static/*", "exact path"),
+    ],
+)
+def test_bad_exposed_routes_are_refused(value, message):
+    with pytest.raises(SettingsError, match=message):
+        Settings.load(environ={"VLLM_ACS_EXPOSE_VLLM_ROUTES": value})
+
+
+def test_bad_boolean_is_refused():
+    with pytest.raises(SettingsError, match=r"EXPOSE_METRICS.*true or false"):
+        Settings.load(environ={"VLLM_ACS_EXPOSE_METRICS": "maybe"})

@@ -1,17 +1,25 @@
-"""The public /v1 surface: which paths exist and which methods each takes.
+"""The node's surface: which paths a client can reach at all, and with which methods.
 
-API server process. Anything else under /v1 is a 404 and a known path with another method a 405,
-so none of vLLM's other /v1 routes (chat, responses, embeddings...) is reachable unvalidated.
+API server process. Default deny (shared/spec/DECISIONS.md, "The node's surface"): the public
+/v1 routes, `/health`, `/openapi.json` and its UI, `/metrics` unless the operator closes it, and
+the vLLM routes the operator lists. Everything else, whatever vLLM registers now or later, is a
+404; a known path with another method is a 405.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+METRICS_PATH = "/metrics"
+# The metrics label of every path outside the surface: a client's path never becomes a label.
+OTHER_ROUTE_LABEL = "other"
 
 
 @dataclass(frozen=True)
 class PublicRoute:
+    template: str
     pattern: re.Pattern[str]
     methods: frozenset[str]
 
@@ -20,8 +28,9 @@ class PublicRoute:
 
 
 def _route(template: str, *methods: str) -> PublicRoute:
-    regex = re.sub(r"\{[a-z_]+\}", r"[^/]+", template)
-    return PublicRoute(re.compile(regex), frozenset(methods))
+    parts = re.split(r"(\{[a-z_]+\})", template)
+    regex = "".join("[^/]+" if part.startswith("{") else re.escape(part) for part in parts)
+    return PublicRoute(template, re.compile(regex), frozenset(methods))
 
 
 PUBLIC_V1_ROUTES: tuple[PublicRoute, ...] = (
@@ -30,10 +39,19 @@ PUBLIC_V1_ROUTES: tuple[PublicRoute, ...] = (
     _route("/v1/models", "GET"),
     _route("/v1/models/{model_id}", "GET"),
 )
+# Outside /v1: liveness, the API's description and its browsable UI (FastAPI's, as vLLM builds
+# it; with --enable-offline-docs the UI's files under /static stay closed).
+PUBLIC_NODE_ROUTES: tuple[PublicRoute, ...] = (
+    _route("/health", "GET"),
+    _route("/openapi.json", "GET"),
+    _route("/docs", "GET"),
+    _route("/docs/oauth2-redirect", "GET"),
+    _route("/redoc", "GET"),
+)
 
 
 def find_route(path: str) -> PublicRoute | None:
-    return next((r for r in PUBLIC_V1_ROUTES if r.matches(path)), None)
+    return next((r for r in (*PUBLIC_V1_ROUTES, *PUBLIC_NODE_ROUTES) if r.matches(path)), None)
 
 
 def allowed_methods(route: PublicRoute) -> list[str]:
@@ -42,3 +60,24 @@ def allowed_methods(route: PublicRoute) -> list[str]:
     if "GET" in methods:
         methods.add("HEAD")
     return sorted(methods)
+
+
+class Surface:
+    """The public routes plus what the operator exposes of vLLM's own (exact paths)."""
+
+    def __init__(self, exposed_vllm_routes: Iterable[str] = (), *, metrics: bool = True) -> None:
+        exposed = set(exposed_vllm_routes)
+        if metrics:
+            exposed.add(METRICS_PATH)
+        self.exposed: frozenset[str] = frozenset(exposed)
+
+    def is_exposed(self, path: str) -> bool:
+        """A vLLM route the operator opened: it is served as vLLM serves it, without a key."""
+        return path in self.exposed
+
+    def route_label(self, path: str) -> str:
+        """The `route` label of the plugin's metrics: a template, an exposed path, or `other`."""
+        if path in self.exposed:
+            return path
+        route = find_route(path)
+        return route.template if route is not None else OTHER_ROUTE_LABEL

@@ -28,7 +28,8 @@ from ..activations.store import (
 )
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from ..errors import AcsError, CaptureIncomplete, CaptureRowsMissing
-from .asgi import ASGIApp, Message, Receive, Scope, Send, request_id, send_error
+from ..metrics import ACTIVATION_REQUESTS, CAPTURE_BYTES, CAPTURE_ROWS
+from .asgi import ASGIApp, Message, Receive, Scope, Send, send_error
 from .error_envelope import sse_error_frame
 from .sse import SseEventBuffer
 
@@ -63,6 +64,8 @@ class Capture:
             n_rows=n_rows,
             root=self.root,
         )
+        CAPTURE_ROWS.inc(n_rows)
+        CAPTURE_BYTES.inc(bits.nbytes)
         return {"residual_stream": encode_bits(bits)}
 
     async def collect(self, usage: Any) -> dict[str, Any] | None:
@@ -227,7 +230,7 @@ class _StreamResponder:
             activations = await self.capture.collect(self.usage)
         except AcsError as error:
             self.failed = True
-            return [sse_error_frame(error, request_id(self.scope))]
+            return [sse_error_frame(self.scope, error)]
         finally:
             self.capture.release()
         out: list[bytes] = []
@@ -276,6 +279,10 @@ class ActivationResponseMiddleware:
             await self.app(scope, receive, send)
             return
         self._maybe_sweep()
+        if payload.captures:
+            ACTIVATION_REQUESTS.labels(kind="capture").inc()
+        if payload.steering:
+            ACTIVATION_REQUESTS.labels(kind="steering").inc()
         capture = Capture(payload, validated.model.hidden_size, self.root)
         kind = _StreamResponder if validated.stream else _BodyResponder
         responder = kind(scope, send, capture)

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from ..errors import AcsError, ActivationQuotaExceeded, BudgetExceeded, SpendCap, TrafficLimited
+from ..metrics import ADMISSIONS, TOKENS_SETTLED, SlotGauges
 from ..principal import PRINCIPAL_STATE_KEY, Principal
 from ..storage.counters import AdmitRequest, Counters, Ticket, activation_units
 from ..storage.errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted
@@ -116,13 +117,21 @@ class _Admission:
             except (BudgetExhausted, StartsExhausted, QueueFull) as error:
                 raise refusal(error) from None
         except AcsError as error:
+            ADMISSIONS.labels(outcome=error.code).inc()
             await send_error(self.scope, send, error)
             self._record(error.status, 0, 0)
             return
         self.validated.clamp(self.ticket.applied_max_tokens, "budget")
+        ADMISSIONS.labels(outcome="admitted" if self.ticket.running else "queued").inc()
+        gauges = SlotGauges(
+            running=self.ticket.running,
+            held_tokens=self.validated.prompt_tokens
+            + self.validated.choices * self.ticket.applied_max_tokens,
+        )
         try:
             if not self.ticket.running:
                 receive = await wait_watching_disconnect(self.m.counters, self.ticket, receive)
+                gauges.start_running()
             # From here the engine works on the prompt: what a dead process's hold settles at.
             self.m.counters.report_progress(self.ticket, self.validated.prompt_tokens, 0)
             await self.m.app(self.scope, receive, self._send_through(send))
@@ -135,7 +144,10 @@ class _Admission:
             self.meter.status = self.meter.status or 499
             raise
         finally:
+            gauges.release()
             prompt, completion = self.meter.tokens(self.validated.prompt_tokens)
+            TOKENS_SETTLED.labels(kind="prompt").inc(prompt)
+            TOKENS_SETTLED.labels(kind="completion").inc(completion)
             units = (
                 activation_units(self.ticket, prompt, completion)
                 if self.validated.activations is not None

@@ -9,7 +9,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ..errors import REQUEST_ID_STATE_KEY, AcsError, error_body
+from ..errors import ERROR_CODE_STATE_KEY, REQUEST_ID_STATE_KEY, AcsError, error_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -47,7 +47,17 @@ async def send_json(
 
 async def send_error(scope: Scope, send: Send, error: AcsError) -> None:
     """Answers `error` in the spec's envelope, with the request id of this request."""
+    note_error_code(scope, error.code)
     await send_json(send, error.status, error_body(error, request_id(scope)), error.headers)
+
+
+def note_error_code(scope: Scope, code: str) -> None:
+    """Remembers the spec code this request is answered with, for the request metrics."""
+    scope.setdefault("state", {})[ERROR_CODE_STATE_KEY] = code
+
+
+def error_code(scope: Scope) -> str:
+    return scope.get("state", {}).get(ERROR_CODE_STATE_KEY, "")
 
 
 async def read_body(receive: Receive) -> bytes:

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from ..errors import AcsError, InternalError, error_body
-from .asgi import ASGIApp, Message, Receive, Scope, Send, request_id, send_error
+from .asgi import ASGIApp, Message, Receive, Scope, Send, note_error_code, request_id, send_error
 from .sse import SseEventBuffer
 from .upstream_errors import engine_error, foreign_message, framework_error, is_acs_envelope
 
@@ -37,8 +37,10 @@ def _content_type(message: Message) -> bytes:
     return b""
 
 
-def sse_error_frame(error: AcsError, rid: str | None) -> bytes:
-    return b"data: " + json.dumps(error_body(error, rid)).encode() + b"\n\n"
+def sse_error_frame(scope: Scope, error: AcsError) -> bytes:
+    """The SSE frame that ends a stream with `error` (the stream's status stays 200)."""
+    note_error_code(scope, error.code)
+    return b"data: " + json.dumps(error_body(error, request_id(scope))).encode() + b"\n\n"
 
 
 class _Responder:
@@ -88,6 +90,7 @@ class _Responder:
         except ValueError:
             body = None
         if is_acs_envelope(body):
+            note_error_code(self.scope, str(body["error"]["code"]))
             self.started = self.finished = True
             await self.send_downstream(start)
             await self.send_downstream({"type": "http.response.body", "body": raw})
@@ -113,7 +116,7 @@ class _Responder:
         for event in self.events.feed(chunk, more):
             error = self._stream_error(event)
             if error is not None:
-                out.append(sse_error_frame(error, request_id(self.scope)))
+                out.append(sse_error_frame(self.scope, error))
                 self.stream_failed = True
                 break
             out.append(event + b"\n\n")
@@ -154,7 +157,7 @@ class _Responder:
         if self.streaming and not self.stream_failed and not self.finished:
             self.stream_failed = True
             self.finished = True
-            frame = sse_error_frame(error, request_id(self.scope))
+            frame = sse_error_frame(self.scope, error)
             await self.send_downstream({"type": "http.response.body", "body": frame})
             return
         await self._end_body()

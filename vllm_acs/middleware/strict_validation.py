@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from ..contract.completion_rules import validate_completion
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from ..errors import AcsError, BadJson
+from ..metrics import VALIDATION_SECONDS
 from ..served_model import NodeModels
 from ..settings import Settings
 from .asgi import ASGIApp, Receive, Scope, Send, header, read_body, request_id, send_error
@@ -38,11 +40,14 @@ class StrictValidationMiddleware:
             await self.app(scope, receive, send)
             return
         body = await read_body(receive)
+        started = time.perf_counter()
         try:
             validated = await self._validate(body, request_id(scope))
         except AcsError as error:
+            VALIDATION_SECONDS.observe(time.perf_counter() - started)
             await send_error(scope, send, error)
             return
+        VALIDATION_SECONDS.observe(time.perf_counter() - started)
         validated.workload = header(scope, b"x-acs-workload")
         scope.setdefault("state", {})[VALIDATED_COMPLETION_KEY] = validated
         await self.app(scope, receive, send)
