@@ -8,10 +8,8 @@ pairs, default 300; a few minutes on two cores, most of it starting the two serv
 
 from __future__ import annotations
 
-import atexit
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,8 +24,8 @@ WARMUP = 20
 PROMPT = "The sky is"
 # VLLM_PLUGINS is an allowlist: a name no plugin has means vLLM loads none (unset would load all).
 NO_PLUGIN = "vllm-acs-bench-none"
-# What `vllm-acs serve` runs, minus putting `acs` into VLLM_PLUGINS (the `vllm` script of the CPU
-# build fails on its version lookup, so plain vLLM is started through the same launcher).
+# What `vllm-acs serve` runs (its default arguments too), minus putting `acs` into VLLM_PLUGINS
+# (the `vllm` script of the CPU build fails on its version lookup: same launcher, plugin off).
 PLAIN_SERVE = (
     "import sys; from vllm_acs.launcher import run_vllm_serve; "
     "run_vllm_serve(sys.argv[1:], plugin=False)"
@@ -35,34 +33,15 @@ PLAIN_SERVE = (
 
 
 class PlainVllm(ServerProcess):
-    """vLLM's own server without the plugin; ServerProcess's flags, process group and stop()."""
+    """vLLM's own server without the plugin: ServerProcess's arguments, process group and stop()."""
 
-    def start(self) -> PlainVllm:
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **self.env, "VLLM_PLUGINS": NO_PLUGIN}
-        command = [
-            sys.executable,
-            "-c",
-            PLAIN_SERVE,
-            str(self.model_dir),
-            "--served-model-name",
-            CHECKPOINT,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--enforce-eager",
-            "--max-model-len",
-            "2048",
-            "--max-logprobs",
-            "-1",
-        ]
-        self._log = open(self.log_path, "wb")  # noqa: SIM115  # closed in stop()
-        self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        atexit.register(self.stop)
-        self._wait_healthy()
-        return self
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", PLAIN_SERVE, *self.serve_args]
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return {**super().environment, "VLLM_PLUGINS": NO_PLUGIN}
 
 
 def _complete(client: httpx.Client, model: str) -> float:

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness import CHECKPOINT, MODEL_ID, ServerProcess
+from tests.harness import CHECKPOINT, MODEL_ID, ServerProcess, running_server
 
 
 @pytest.fixture(scope="session")
@@ -22,17 +22,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def acs_server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    home = tmp_path_factory.mktemp("acs-home")
-    server = ServerProcess(
-        model_dir=tiny_model_dir,
-        log_path=home / "server.log",
-        env={"VLLM_ACS_HOME": str(home), "VLLM_ACS_GPU_SHAPE": "cpu-test"},
-    )
-    server.start()
-    try:
+    with running_server(
+        tiny_model_dir, tmp_path_factory.mktemp("acs-home"), env={"VLLM_ACS_GPU_SHAPE": "cpu-test"}
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,9 +89,12 @@ class ServerProcess:
             **self.env,
         }
 
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "vllm_acs.cli", "serve", *self.serve_args]
+
     def start(self) -> ServerProcess:
-        env = self.environment
-        command = [sys.executable, "-m", "vllm_acs.cli", "serve", *self.serve_args]
+        env, command = self.environment, self.command
         self._log = open(self.log_path, "wb")  # noqa: SIM115  # closed in stop()
         self.process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -161,3 +165,21 @@ class ServerProcess:
             self.process.wait(timeout=10)
         self._log.close()
         self.process = None
+
+
+@contextlib.contextmanager
+def running_server(
+    model_dir: Path, home: Path, env: dict[str, str] | None = None, extra_args: Sequence[str] = ()
+) -> Iterator[ServerProcess]:
+    """A started server with its own home (database, log), stopped at the end however it ends."""
+    server = ServerProcess(
+        model_dir=model_dir,
+        log_path=home / "server.log",
+        env={"VLLM_ACS_HOME": str(home), **(env or {})},
+        extra_args=list(extra_args),
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -97,6 +97,7 @@ class AcsEndpointPlugin:
         app.include_router(build_router(self.models))
         document = build_openapi(settings, __version__)
         app.openapi = lambda: document  # type: ignore[method-assign]
+        surface = Surface(settings.expose_vllm_routes, metrics=settings.expose_metrics)
         # add_middleware puts each new one outside the previous: innermost first.
         app.add_middleware(CompletionRewriteMiddleware)
         app.add_middleware(ActivationResponseMiddleware, capture_dir=settings.capture_dir)
@@ -105,7 +106,6 @@ class AcsEndpointPlugin:
         app.add_middleware(StrictValidationMiddleware, models=self.models, settings=settings)
         app.add_middleware(AuthMiddleware, plugin_manager=self.plugins)
         app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.body_limit_bytes)
-        surface = Surface(settings.expose_vllm_routes, metrics=settings.expose_metrics)
         app.add_middleware(ErrorEnvelopeMiddleware)
         app.add_middleware(GZipMiddleware, minimum_size=500)
         _outside_everything(

@@ -12,29 +12,20 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.harness import ServerProcess
+from tests.harness import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def tuned_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
-    home = tmp_path_factory.mktemp("tuned-home")
-    server = ServerProcess(
-        model_dir=tiny_model_dir,
-        log_path=home / "server.log",
-        env={
-            "VLLM_ACS_HOME": str(home),
-            "VLLM_ACS_DEADLINE_MAX_TOKENS": "8",
-            "VLLM_ACS_BODY_LIMIT_BYTES": "2048",
-        },
+    with running_server(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("tuned-home"),
+        env={"VLLM_ACS_DEADLINE_MAX_TOKENS": "8", "VLLM_ACS_BODY_LIMIT_BYTES": "2048"},
         extra_args=["--additional-config", json.dumps({"acs": {"max_logprobs": 5}})],
-    )
-    server.start()
-    try:
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.harness import CHECKPOINT, MODEL_ID, ServerProcess
+from tests.harness import CHECKPOINT, MODEL_ID, ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -112,23 +112,17 @@ def assert_closed(server: ServerProcess, paths: set[str], key: str) -> int:
 @pytest.fixture(scope="module")
 def exposing_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
     """vLLM's dev routes registered, `/tokenize` exposed, `/metrics` closed, CORS for one origin."""
-    home = tmp_path_factory.mktemp("surface-home")
-    server = ServerProcess(
-        model_dir=tiny_model_dir,
-        log_path=home / "server.log",
+    with running_server(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("surface-home"),
         env={
-            "VLLM_ACS_HOME": str(home),
             "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_ACS_EXPOSE_VLLM_ROUTES": "/tokenize",
             "VLLM_ACS_EXPOSE_METRICS": "false",
         },
         extra_args=["--allowed-origins", '["https://loom.example"]'],
-    )
-    server.start()
-    try:
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_every_route_outside_the_surface_is_a_404(acs_server, api_key):
