@@ -1,9 +1,14 @@
-"""Small builders the storage tests share: settings for a database, an approved account's key."""
+"""Small builders the storage tests share: settings for a database, an approved account's key,
+a migrated engine."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from vllm_acs.principal import KeyLimits, Principal
 from vllm_acs.settings import Settings
@@ -29,3 +34,17 @@ def principal(key_id: str = "key_t", account_id: str = "acct_t", **limits: Any) 
         account_id=account_id,
         limits=KeyLimits(**limits),
     )
+
+
+@contextlib.asynccontextmanager
+async def migrated_engine(url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on `url` with the schema at head, made by the project's migrations."""
+    from vllm_acs.storage.db import create_engine
+    from vllm_acs.storage.migrate import upgrade
+
+    engine = create_engine(url)
+    try:
+        await upgrade(engine)
+        yield engine
+    finally:
+        await engine.dispose()

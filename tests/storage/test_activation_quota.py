@@ -205,7 +205,7 @@ def test_migration_0002_keeps_existing_keys_and_usage(database_url: str):
                     ),
                     {"now": now},
                 )
-            assert await upgrade(engine) == "0002"
+            assert await upgrade(engine, "0002") == "0002"
         finally:
             await engine.dispose()
         storage = await open_storage(settings_for(database_url), upgrade_schema=True)

@@ -1,4 +1,8 @@
-"""The Hold, clamping, slots and starts on both counters backends (embedded and real Redis)."""
+"""The Hold, clamping, slots and starts on both counters backends (embedded and real Redis).
+
+Also a completion job's admission: its start alone at submit (take_start), then its run without a
+start and without clamping (count_start=False, allow_clamp=False).
+"""
 
 from __future__ import annotations
 
@@ -37,6 +41,10 @@ def make_counters(request: pytest.FixtureRequest) -> Factory:
 
 def _month() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m")
+
+
+def _day() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
 
 def _run(make: Factory, body: Callable[[Counters], Awaitable[None]], **settled: int) -> None:
@@ -201,3 +209,133 @@ def test_redis_restarts_budget_counters_from_the_database(redis_prefix: str):
             await counters.close()
 
     asyncio.run(body())
+
+
+# A completion job: its start is taken at submit (take_start), its run is admitted without one and
+# without clamping (count_start=False, allow_clamp=False).
+
+
+def test_a_jobs_run_neither_checks_nor_takes_a_start(make_counters: Factory):
+    who = principal(starts_per_minute=2)
+
+    async def body(counters: Counters) -> None:
+        await counters.take_start(who)
+        await counters.take_start(who)
+        with pytest.raises(StartsExhausted):
+            await counters.admit(AdmitRequest(who, 1, 1, 1))
+        # The window is full, yet the jobs' runs are admitted, and again: none takes a start.
+        for _ in range(3):
+            ticket = await counters.admit(AdmitRequest(who, 1, 1, 1, count_start=False))
+            assert ticket.running and ticket.applied_max_tokens == 1
+            await counters.settle(ticket, 1, 1)
+        with pytest.raises(StartsExhausted) as limited:
+            await counters.take_start(who)
+        assert 59_000 <= limited.value.retry_after_ms <= 60_001
+        assert await counters.slots("key_t") == (0, 0)
+
+    _run(make_counters, body)
+
+
+def test_runs_without_a_start_leave_the_window_to_submits(make_counters: Factory):
+    who = principal(starts_per_minute=1, max_running=1, max_waiting=1)
+
+    async def body(counters: Counters) -> None:
+        running = await counters.admit(AdmitRequest(who, 1, 1, 1, count_start=False))
+        waiting = await counters.admit(AdmitRequest(who, 1, 1, 1, count_start=False))
+        # The slot and the queue work as for any request.
+        assert (running.running, waiting.running) == (True, False)
+        with pytest.raises(QueueFull):
+            await counters.admit(AdmitRequest(who, 1, 1, 1, count_start=False))
+        await counters.take_start(who)
+        with pytest.raises(StartsExhausted) as limited:
+            await counters.take_start(who)
+        assert limited.value.retry_after_ms > 0
+        await counters.settle(running, 1, 1)
+        await asyncio.wait_for(counters.wait_for_slot(waiting), 5)
+        await counters.settle(waiting, 1, 1)
+        assert await counters.slots("key_t") == (0, 0)
+
+    _run(make_counters, body)
+
+
+def test_take_start_shares_the_window_with_admit(make_counters: Factory):
+    who = principal(starts_per_minute=2)
+
+    async def body(counters: Counters) -> None:
+        await counters.settle(await counters.admit(AdmitRequest(who, 1, 1, 1)), 1, 1)
+        await counters.take_start(who)
+        with pytest.raises(StartsExhausted):
+            await counters.take_start(who)
+        with pytest.raises(StartsExhausted):
+            await counters.admit(AdmitRequest(who, 1, 1, 1))
+        # A start belongs to the key: another key's window is its own.
+        await counters.take_start(principal("key_other", starts_per_minute=2))
+        assert await counters.slots("key_t") == (0, 0)
+
+    _run(make_counters, body)
+
+
+def test_a_job_refuses_where_a_request_would_be_clamped(make_counters: Factory):
+    who = principal(monthly_tokens=100, daily_tokens=1000, starts_per_minute=2)
+    counter = f"key:key_t:month:{_month()}"
+
+    async def body(counters: Counters) -> None:
+        # 100 - 40 settled - 10 prompt = 50 left for 3 choices: 16 each, not 17.
+        with pytest.raises(BudgetExhausted) as refused:
+            await counters.admit(AdmitRequest(who, 10, 3, 17, allow_clamp=False))
+        assert refused.value.budget == "key_monthly"
+        # Nothing held, no slot, no start taken.
+        assert await counters.committed(counter) == 40
+        assert await counters.committed(f"key:key_t:day:{_day()}") == 0
+        assert await counters.slots("key_t") == (0, 0)
+        # What fits in full passes, unclamped; the default clamps as before.
+        ticket = await counters.admit(AdmitRequest(who, 10, 3, 16, allow_clamp=False))
+        assert ticket.applied_max_tokens == 16
+        assert await counters.committed(counter) == 40 + 10 + 48
+        await counters.settle(ticket, 0, 0)  # refused by the engine: nothing charged
+        clamped = await counters.admit(AdmitRequest(who, 10, 3, 17))
+        assert clamped.applied_max_tokens == 16
+        await counters.settle(clamped, 10, 30)
+        assert await counters.committed(counter) == 40 + 10 + 30
+
+    _run(make_counters, body, **{counter: 40})
+
+
+@pytest.mark.parametrize(
+    ("limits", "budget"),
+    [
+        ({"daily_tokens": 14}, "key_daily"),
+        ({"monthly_output_tokens": 9}, "key_monthly_output"),
+        ({"account_monthly_tokens": 14}, "account_monthly"),
+        # The first budget short of the full max_tokens is named, even where a later one could
+        # not hold one token (the default names that later one: it is what refuses a clamp).
+        ({"monthly_tokens": 14, "monthly_input_tokens": 4}, "key_monthly"),
+    ],
+)
+def test_a_jobs_refusal_names_the_budget(make_counters: Factory, limits: dict, budget: str):
+    async def body(counters: Counters) -> None:
+        with pytest.raises(BudgetExhausted) as refused:
+            await counters.admit(AdmitRequest(principal(**limits), 5, 1, 10, allow_clamp=False))
+        assert refused.value.budget == budget
+        assert await counters.slots("key_t") == (0, 0)
+
+    _run(make_counters, body)
+
+
+def test_a_jobs_refusal_holds_nothing_on_any_budget(make_counters: Factory):
+    who = principal(monthly_tokens=1000, daily_tokens=1000, monthly_output_tokens=5)
+    month = _month()
+
+    async def body(counters: Counters) -> None:
+        # key_monthly and key_daily fit; key_monthly_output, later in the order, does not.
+        with pytest.raises(BudgetExhausted) as refused:
+            await counters.admit(AdmitRequest(who, 5, 1, 10, allow_clamp=False))
+        assert refused.value.budget == "key_monthly_output"
+        for counter in (f"key:key_t:month:{month}", f"key:key_t:day:{_day()}"):
+            assert await counters.committed(counter) == 0
+        ticket = await counters.admit(AdmitRequest(who, 5, 1, 5, allow_clamp=False))
+        assert ticket.applied_max_tokens == 5
+        assert await counters.committed(f"key:key_t:month-out:{month}") == 5
+        await counters.settle(ticket, 5, 5)
+
+    _run(make_counters, body)

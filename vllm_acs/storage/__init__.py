@@ -1,4 +1,5 @@
-"""Storage: accounts, keys, budget counters, usage rows, and the shared counters (slots, Holds).
+"""Storage: accounts, keys, budget counters, usage rows, jobs, idempotency records, and the shared
+counters (slots, Holds).
 
 Used by the API server and the CLI; imports only the project's leaves (no web framework, no vLLM).
 """

@@ -1,7 +1,9 @@
 """The shared-counters interface: a slot, a start and the Hold on every budget in one atomic step.
 
 API server process. Two backends implement it: `EmbeddedCounters` (one process: memory, with
-settled usage from SQLite) and `RedisCounters` (many processes: Lua scripts, leases).
+settled usage from SQLite) and `RedisCounters` (many processes: Lua scripts, leases). A completion
+job takes its start alone at submit (`take_start`) and is admitted later without one and without
+clamping (`AdmitRequest.count_start`, `allow_clamp`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ class AdmitRequest:
     max_tokens: int
     # A capture or steering request: it also takes a unit of the key's monthly activation quota.
     activation: bool = False
+    # False for a completion job's run: the job took its start when it was submitted.
+    count_start: bool = True
+    # False for a job: a Hold short of the full max_tokens refuses (BudgetExhausted), never clamps.
+    allow_clamp: bool = True
 
     @property
     def lines(self) -> list[BudgetLine]:
@@ -77,7 +83,17 @@ class Counters(abc.ABC):
         """Takes the Hold, a start and a slot (running or a place in the queue) atomically.
 
         Raises BudgetExhausted, StartsExhausted or QueueFull (storage.errors), holding nothing.
-        The ticket's `applied_max_tokens` may be lower than asked: what fits every budget.
+        The ticket's `applied_max_tokens` may be lower than asked: what fits every budget; with
+        `allow_clamp=False` a budget that cannot hold the full `max_tokens` raises BudgetExhausted
+        (naming the first such budget) instead. With `count_start=False` the starts per minute are
+        neither checked nor taken.
+        """
+
+    @abc.abstractmethod
+    async def take_start(self, principal: Principal) -> None:
+        """Takes one start of the key's starts-per-minute window atomically (a job's submit).
+
+        Raises StartsExhausted, as admit does, taking nothing. No slot, no Hold.
         """
 
     @abc.abstractmethod

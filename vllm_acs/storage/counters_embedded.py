@@ -1,8 +1,8 @@
 """`EmbeddedCounters`: slots, starts and Holds in this process's memory (one API process only).
 
 API server process. asyncio runs one coroutine at a time, so the check-and-reserve section, which
-never awaits, is atomic. Budget counters start from the settled tokens in the database (SQLite);
-a crash loses only in-memory holds, never settled usage.
+never awaits, is atomic (in admit and in take_start alike). Budget counters start from the settled
+tokens in the database (SQLite); a crash loses only in-memory holds, never settled usage.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from ..principal import Principal
 from .counters import AdmitRequest, Counters, SettledReader, Ticket, charge, engine_prompt
 from .errors import BudgetExhausted, QueueFull, StartsExhausted
-from .periods import counter_with_period, hold, max_tokens_that_fit
+from .periods import BudgetLine, counter_with_period, hold, max_tokens_that_fit
 
 logger = logging.getLogger(__name__)
 _WINDOW_S = 60.0
@@ -31,6 +32,26 @@ class _KeyTraffic:
         default_factory=collections.deque
     )
     starts: collections.deque[float] = field(default_factory=collections.deque)
+
+    def check_start(self, starts_per_minute: int, clock: float) -> None:
+        """Forgets starts older than the window; raises StartsExhausted while it is full."""
+        while self.starts and self.starts[0] <= clock - _WINDOW_S:
+            self.starts.popleft()
+        if len(self.starts) >= starts_per_minute:
+            wait_ms = int((self.starts[0] + _WINDOW_S - clock) * 1000) + 1
+            raise StartsExhausted(wait_ms)
+
+
+def _first_short(held: list[tuple[BudgetLine, int]], request: AdmitRequest) -> str | None:
+    """The first budget (in naming order) that cannot hold the full max_tokens, or None: what a
+    request that may not be clamped (a job) is refused by. Same order as admit.lua's."""
+    for line, committed in held:
+        fits, refused_by = max_tokens_that_fit(
+            [(line, committed)], request.prompt_tokens, request.choices, request.max_tokens
+        )
+        if refused_by is not None or fits < request.max_tokens:
+            return line.name
+    return None
 
 
 class EmbeddedCounters(Counters):
@@ -61,22 +82,19 @@ class EmbeddedCounters(Counters):
         ]
         await self._load([counter for _, counter in lines])
         # From here to the return nothing awaits: the decision and the reservation are one step.
+        held = [(line, self._committed[counter]) for line, counter in lines]
         applied, refused_by = max_tokens_that_fit(
-            [(line, self._committed[counter]) for line, counter in lines],
-            request.prompt_tokens,
-            request.choices,
-            request.max_tokens,
+            held, request.prompt_tokens, request.choices, request.max_tokens
         )
+        if not request.allow_clamp:  # a job refuses instead of clamping
+            refused_by = _first_short(held, request)
         if refused_by is not None:
             raise BudgetExhausted(refused_by)
         limits = request.principal.limits
         traffic = self._traffic[request.principal.key_id]
         clock = time.monotonic()
-        while traffic.starts and traffic.starts[0] <= clock - _WINDOW_S:
-            traffic.starts.popleft()
-        if len(traffic.starts) >= limits.starts_per_minute:
-            wait_ms = int((traffic.starts[0] + _WINDOW_S - clock) * 1000) + 1
-            raise StartsExhausted(wait_ms)
+        if request.count_start:
+            traffic.check_start(limits.starts_per_minute, clock)
         runs_now = traffic.running < limits.max_running and not traffic.waiters
         if not runs_now and len(traffic.waiters) >= limits.max_waiting:
             raise QueueFull(_QUEUE_RETRY_MS)
@@ -88,12 +106,20 @@ class EmbeddedCounters(Counters):
             amount = hold(line.kind, request.prompt_tokens, output)
             ticket.reserved[counter] = (amount, line.kind)
             self._committed[counter] += amount
-        traffic.starts.append(clock)
+        if request.count_start:
+            traffic.starts.append(clock)
         if runs_now:
             traffic.running += 1
         else:
             traffic.waiters.append((ticket, asyncio.get_running_loop().create_future()))
         return ticket
+
+    async def take_start(self, principal: Principal) -> None:
+        traffic = self._traffic[principal.key_id]
+        clock = time.monotonic()
+        # No await between the check and the append: one atomic step, as in admit.
+        traffic.check_start(principal.limits.starts_per_minute, clock)
+        traffic.starts.append(clock)
 
     async def wait_for_slot(self, ticket: Ticket) -> None:
         if ticket.running:

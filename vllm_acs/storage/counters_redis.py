@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
 
+from ..principal import Principal
 from .counters import AdmitRequest, Counters, SettledReader, Ticket, engine_prompt
 from .errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted, StorageError
 
@@ -38,6 +40,7 @@ class RedisCounters(Counters):
         self._prefix = prefix
         self._lease_ms = lease_ms
         self._admit = redis.register_script(_script("admit"))
+        self._take_start = redis.register_script(_script("take_start"))
         self._wait_turn = redis.register_script(_script("wait_turn"))
         self._renew = redis.register_script(_script("renew"))
         self._settle = redis.register_script(_script("settle"))
@@ -81,6 +84,7 @@ class RedisCounters(Counters):
             ticket.id, self._lease_ms, limits.max_running, limits.max_waiting,
             limits.starts_per_minute, request.prompt_tokens, request.choices,
             request.max_tokens, self._k("hold", ""), len(lines),
+            int(request.count_start), int(request.allow_clamp),
         ]  # fmt: skip
         for line in lines:
             args += [
@@ -120,6 +124,14 @@ class RedisCounters(Counters):
         self._in_flight[ticket.id] = ticket
         self._ensure_renewer()
         return ticket
+
+    async def take_start(self, principal: Principal) -> None:
+        # A start id of its own: the window's members are ids, and a ticket's id is not made yet.
+        args = [uuid.uuid4().hex, principal.limits.starts_per_minute]
+        answer = await self._take_start([self._k("starts", principal.key_id)], args)
+        result = [x.decode() if isinstance(x, bytes) else x for x in answer]
+        if result[0] == "rate":
+            raise StartsExhausted(int(result[1]))
 
     async def wait_for_slot(self, ticket: Ticket) -> None:
         delay = _POLL_S[0]

@@ -1,4 +1,5 @@
-"""Opening storage: the engine (SQLite or PostgreSQL), the schema check, repositories, counters.
+"""Opening storage: the engine (SQLite or PostgreSQL), the schema check, repositories (jobs and
+idempotency records among them), counters.
 
 API server process (`await open_storage(settings)` at start, `await storage.close()` at stop) and
 the CLI. An embedded SQLite is upgraded here; PostgreSQL must be upgraded by the operator first.
@@ -25,6 +26,8 @@ from .counters import Counters
 from .counters_embedded import EmbeddedCounters
 from .counters_redis import RedisCounters
 from .errors import SchemaNotReady
+from .idempotency import IdempotencyRecords
+from .jobs import JobRepository
 from .ledger import UsageLedger
 from .migrate import current_revision, head_revision, upgrade
 from .usage import UsageRepository, UsageRow
@@ -78,6 +81,8 @@ class Storage:
     ledger: UsageLedger
     counters: Counters
     settings: Settings
+    jobs: JobRepository
+    idempotency: IdempotencyRecords
 
     async def close(self) -> None:
         await self.ledger.close()
@@ -155,4 +160,6 @@ async def open_storage(
         ledger=UsageLedger(usage, on_written=on_usage_written),
         counters=counters,
         settings=settings,
+        jobs=JobRepository(engine),
+        idempotency=IdempotencyRecords(engine),
     )

@@ -44,3 +44,15 @@ class StartsExhausted(StorageError):
 
 class LeaseLost(StorageError):
     """A waiting ticket's lease expired before it got a slot (the process stalled too long)."""
+
+
+class JobCapacityReached(StorageError):
+    """The key has `limit` jobs not ended already (queued or running): no new one is accepted."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"at most {limit} jobs not ended per key")
+        self.limit = limit
+
+
+class IdempotencyRecordLost(ConflictError):
+    """The idempotency record a write was to complete is no longer running (released, done)."""

@@ -1,4 +1,5 @@
-"""The schema of accounts, keys, budget counters and usage rows, as SQLAlchemy Core tables.
+"""The schema of accounts, keys, budget counters, usage rows, jobs and idempotency records, as
+SQLAlchemy Core tables.
 
 Imported by the repositories and by Alembic's migrations; one schema for SQLite and PostgreSQL.
 Money is integer tokens (BigInteger), never floats.
@@ -17,6 +18,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
 )
 
 metadata = MetaData()
@@ -89,4 +91,57 @@ usage_rows = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Index("ix_usage_rows_key_period", "key_id", "period"),
     Index("ix_usage_rows_account_period", "account_id", "period"),
+)
+
+# Completion jobs, harvests and Loom branches (migration 0003); `status` follows `states.py`.
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("key_id", String(40), nullable=False),
+    Column("account_id", String(40), nullable=False),
+    # The served model id the job asks for: a node claims only the models it serves.
+    Column("model", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    # 0 on submit; the reaper adds 1 each time it takes a job back from a lost lease.
+    Column("attempt", Integer, nullable=False, default=0),
+    Column("max_attempts", Integer, nullable=False),
+    Column("owner", String(64), nullable=True),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+    Column("not_before", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=True),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    # JSON of the request, and the raw JSON text of the answer: both emptied by retention.
+    Column("request", Text, nullable=True),
+    Column("result_status", Integer, nullable=True),
+    Column("result_body", Text, nullable=True),
+    Column("error_code", String(64), nullable=True),
+    Index("ix_jobs_claim", "status", "model", "created_at"),
+    Index("ix_jobs_key_status", "key_id", "status"),
+    # The retention sweep finds ended jobs by when they ended.
+    Index("ix_jobs_finished_at", "finished_at"),
+)
+
+# One record per (API key, Idempotency-Key): the first answer, replayed for a retry (0003).
+idempotency_records = Table(
+    "idempotency_records",
+    metadata,
+    Column("key_id", String(40), primary_key=True),
+    Column("idempotency_key", String(255), primary_key=True),
+    Column("route", String(120), nullable=False),
+    # SHA-256 (hex) of what makes two requests the same request; another body is a conflict.
+    Column("fingerprint", String(64), nullable=False),
+    # running | done | no_answer; a running record whose lease passed reads as no_answer.
+    Column("state", String(16), nullable=False),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+    Column("status", Integer, nullable=True),
+    Column("body", Text, nullable=True),
+    Column("headers", Text, nullable=True),
+    Column("job_id", String(40), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Index("ix_idempotency_records_expires_at", "expires_at"),
 )

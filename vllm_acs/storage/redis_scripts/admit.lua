@@ -1,8 +1,10 @@
--- The Hold, a start and a slot in one atomic step (RedisCounters.admit).
+-- The Hold, a start (unless count_start is "0") and a slot in one atomic step (RedisCounters).
 -- KEYS: 1 running zset, 2 waiting zset (score: arrival), 3 waiting leases zset, 4 starts zset,
 --       5 arrival sequence, 6 holds zset (all holds of the deployment), 7 this ticket's hold hash
 -- ARGV: 1 ticket, 2 lease_ms, 3 max_running, 4 max_waiting, 5 starts_per_minute,
 --       6 prompt_tokens, 7 choices, 8 max_tokens, 9 hold key prefix, 10 number of budget lines,
+--       11 count_start ("1": check and take a start; "0": a job, which took it at submit),
+--       12 allow_clamp ("1": lower max_tokens to what fits; "0": a job, refused unless all fits),
 --       then per line: counter (no period), granularity (month|day), kind, limit, name
 -- Returns {"ok", applied, "run"|"wait"} | {"budget", name} | {"rate", retry_ms} |
 --   {"full", retry_ms} | {"seed", counter...} (counters Redis does not hold: seed them, call again)
@@ -15,6 +17,8 @@ local lease_ms = tonumber(ARGV[2])
 local prompt = tonumber(ARGV[6])
 local choices = tonumber(ARGV[7])
 local max_tokens = tonumber(ARGV[8])
+local count_start = ARGV[11] == '1'
+local allow_clamp = ARGV[12] == '1'
 
 local function civil(days)
   local z = days + 719468
@@ -77,7 +81,7 @@ local lines = {}
 local missing = {}
 local applied = max_tokens
 for i = 0, n_lines - 1 do
-  local base = 11 + i * 5
+  local base = 13 + i * 5
   local gran = ARGV[base + 1]
   local line = {
     counter = ARGV[base] .. ':' .. (gran == 'day' and day or month),
@@ -96,7 +100,9 @@ for i = 0, n_lines - 1 do
   else
     fits = math.floor(math.max(0, available - prompt) / choices)
   end
-  if fits < 1 and #missing == 0 then return {'budget', line.name} end
+  -- The first budget short of the full max_tokens refuses a request that may not be clamped.
+  local short = fits < 1 or (not allow_clamp and fits < max_tokens)
+  if short and #missing == 0 then return {'budget', line.name} end
   if fits < applied then applied = fits end
   lines[#lines + 1] = line
 end
@@ -105,10 +111,12 @@ if #missing > 0 then
   return {'seed', unpack(missing)}
 end
 
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_ms - 60000)
-if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[5]) then
-  local oldest = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-  return {'rate', tonumber(oldest[2]) + 60000 - now_ms + 1}
+if count_start then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_ms - 60000)
+  if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[5]) then
+    local oldest = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+    return {'rate', tonumber(oldest[2]) + 60000 - now_ms + 1}
+  end
 end
 
 local running = redis.call('ZCARD', KEYS[1])
@@ -122,8 +130,10 @@ else
   return {'full', 1000}
 end
 
-redis.call('ZADD', KEYS[4], now_ms, ticket)
-redis.call('PEXPIRE', KEYS[4], 61000)
+if count_start then
+  redis.call('ZADD', KEYS[4], now_ms, ticket)
+  redis.call('PEXPIRE', KEYS[4], 61000)
+end
 if state == 'run' then
   redis.call('ZADD', KEYS[1], now_ms + lease_ms, ticket)
 else

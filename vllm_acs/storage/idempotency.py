@@ -1,0 +1,232 @@
+"""Idempotency records: one per (API key, Idempotency-Key), reserved before the work starts and
+completed with the first answer, which a retry replays.
+
+API server process. Concurrent reserves of one key race on the primary key: exactly one wins.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from .tables import idempotency_records
+from .transactions import utc, utc_or_none, write_transaction
+
+RUNNING = "running"
+DONE = "done"
+NO_ANSWER = "no_answer"
+RETENTION = timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class StoredAnswer:
+    """An answer as the client got it: status, raw body text, the headers worth replaying."""
+
+    status: int
+    body: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IdempotencyTarget:
+    key_id: str
+    idempotency_key: str
+
+
+# `scope["state"]` key of the claim of the request that holds a fresh record.
+IDEMPOTENCY_STATE_KEY = "acs_idempotency"
+
+
+@dataclass
+class IdempotencyClaim:
+    """The first request with a key, while it runs: a route that stores the answer itself, in its
+    own transaction (JobRepository.submit), sets `completed` so the middleware does not."""
+
+    target: IdempotencyTarget
+    completed: bool = False
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """This request holds the record: it does the work, then completes, releases or abandons."""
+
+    target: IdempotencyTarget
+
+
+@dataclass(frozen=True)
+class Existing:
+    """Another request holds or held the record. `answer` is set when `state` is done."""
+
+    fingerprint: str
+    state: str
+    answer: StoredAnswer | None
+    job_id: str | None
+    route: str | None = None
+    # When a running record turns into no_answer (for Retry-After); None once it ended.
+    lease_expires_at: datetime | None = None
+
+
+def _where(target: IdempotencyTarget) -> Any:
+    c = idempotency_records.c
+    return (c.key_id == target.key_id) & (c.idempotency_key == target.idempotency_key)
+
+
+def _existing(row: Any, now: datetime) -> Existing:
+    lease = utc_or_none(row.lease_expires_at)
+    state = row.state
+    # A holder that neither completed nor renewed in time is presumed dead.
+    if state == RUNNING and lease is not None and lease < now:
+        state = NO_ANSWER
+    answer = None
+    if state == DONE:
+        answer = StoredAnswer(row.status, row.body or "", json.loads(row.headers or "{}"))
+    return Existing(
+        fingerprint=row.fingerprint,
+        state=state,
+        answer=answer,
+        job_id=row.job_id,
+        route=row.route,
+        lease_expires_at=lease if state == RUNNING else None,
+    )
+
+
+async def complete_on(
+    conn: AsyncConnection,
+    target: IdempotencyTarget,
+    answer: StoredAnswer,
+    now: datetime,
+    retention: timedelta = RETENTION,
+    job_id: str | None = None,
+) -> bool:
+    """Marks a running record done with `answer`, inside the caller's transaction.
+
+    False when the record is not running (released, abandoned, done already, never reserved)."""
+    now = utc(now)
+    result = await conn.execute(
+        update(idempotency_records)
+        .where(_where(target), idempotency_records.c.state == RUNNING)
+        .values(
+            state=DONE,
+            status=answer.status,
+            body=answer.body,
+            headers=json.dumps(answer.headers, separators=(",", ":")),
+            job_id=job_id,
+            lease_expires_at=None,
+            expires_at=now + retention,
+        )
+    )
+    return result.rowcount == 1
+
+
+class IdempotencyRecords:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def reserve(
+        self,
+        target: IdempotencyTarget,
+        route: str,
+        fingerprint: str,
+        now: datetime,
+        lease_s: float,
+        retention: timedelta = RETENTION,
+    ) -> Reserved | Existing:
+        """A new running record (Reserved), or the record another request made (Existing)."""
+        now = utc(now)
+        dialect = sqlite if self._engine.dialect.name == "sqlite" else postgresql
+        c = idempotency_records.c
+        insert = (
+            dialect.insert(idempotency_records)
+            .values(
+                key_id=target.key_id,
+                idempotency_key=target.idempotency_key,
+                route=route,
+                fingerprint=fingerprint,
+                state=RUNNING,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                created_at=now,
+                expires_at=now + retention,
+            )
+            .on_conflict_do_nothing(index_elements=[c.key_id, c.idempotency_key])
+            .returning(c.key_id)
+        )
+        while True:
+            async with write_transaction(self._engine) as conn:
+                # A record past its retention is gone for the client even before the sweep.
+                await conn.execute(
+                    delete(idempotency_records).where(_where(target), c.expires_at < now)
+                )
+                if (await conn.execute(insert)).first() is not None:
+                    return Reserved(target)
+                # The conflict waited for the winner's commit; this statement sees its row.
+                row = (
+                    await conn.execute(select(idempotency_records).where(_where(target)))
+                ).first()
+            # None: the winner released its record in between; this request may try again.
+            if row is not None:
+                return _existing(row, now)
+
+    async def get(self, target: IdempotencyTarget, now: datetime) -> Existing | None:
+        now = utc(now)
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(select(idempotency_records).where(_where(target)))).first()
+        return None if row is None else _existing(row, now)
+
+    async def renew(self, target: IdempotencyTarget, now: datetime, lease_s: float) -> bool:
+        """Extends a running record's lease (long work); False when it is not running any more."""
+        now = utc(now)
+        c = idempotency_records.c
+        async with write_transaction(self._engine) as conn:
+            result = await conn.execute(
+                update(idempotency_records)
+                .where(_where(target), c.state == RUNNING, c.lease_expires_at >= now)
+                .values(lease_expires_at=now + timedelta(seconds=lease_s))
+            )
+        return result.rowcount == 1
+
+    async def complete(
+        self,
+        target: IdempotencyTarget,
+        answer: StoredAnswer,
+        now: datetime,
+        retention: timedelta = RETENTION,
+        job_id: str | None = None,
+    ) -> None:
+        async with write_transaction(self._engine) as conn:
+            await complete_on(conn, target, answer, now, retention, job_id)
+
+    async def release(self, target: IdempotencyTarget) -> None:
+        """Deletes a running record: the request was refused before it started (stores nothing)."""
+        async with write_transaction(self._engine) as conn:
+            await conn.execute(
+                delete(idempotency_records).where(
+                    _where(target), idempotency_records.c.state == RUNNING
+                )
+            )
+
+    async def abandon(self, target: IdempotencyTarget) -> None:
+        """The work started but ended with no answer to store: a retry gets no_answer."""
+        async with write_transaction(self._engine) as conn:
+            await conn.execute(
+                update(idempotency_records)
+                .where(_where(target), idempotency_records.c.state == RUNNING)
+                .values(state=NO_ANSWER, lease_expires_at=None)
+            )
+
+    async def delete_expired(self, now: datetime) -> int:
+        """Removes the records whose retention ended; the job sweep calls it."""
+        async with write_transaction(self._engine) as conn:
+            return await delete_expired_on(conn, utc(now))
+
+
+async def delete_expired_on(conn: AsyncConnection, now: datetime) -> int:
+    result = await conn.execute(
+        delete(idempotency_records).where(idempotency_records.c.expires_at < utc(now))
+    )
+    return result.rowcount

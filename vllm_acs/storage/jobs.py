@@ -1,0 +1,320 @@
+"""Durable jobs (completion jobs, harvests, Loom branches): submit, claim under a lease, renew,
+finish, hand back, reap lost leases, cancel, retention. API server process (routes, job runner).
+Times are the caller's `now`; a lease holder's writes are fenced on (id, attempt, owner, running).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import case, delete, func, literal, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ..states import ACTIVE, TERMINAL, IllegalTransition, JobStatus, can_move
+from .errors import IdempotencyRecordLost, JobCapacityReached
+from .idempotency import RETENTION, IdempotencyTarget, StoredAnswer, complete_on, delete_expired_on
+from .job_records import Job, NewJob, SweepReport, insert_values, job_from_row, new_job_id
+from .tables import jobs
+from .transactions import serialize_per_key, utc, write_transaction
+
+__all__ = [
+    "ATTEMPTS_EXHAUSTED",
+    "Job",
+    "JobRepository",
+    "NewJob",
+    "StoredAnswer",
+    "SweepReport",
+    "new_job_id",
+]
+
+ATTEMPTS_EXHAUSTED = "job_attempts_exhausted"
+_ACTIVE = sorted(s.value for s in ACTIVE)
+_TIME = jobs.c.created_at.type
+
+
+async def _count_unfinished(conn: AsyncConnection, key_id: str) -> int:
+    query = select(func.count()).where(jobs.c.key_id == key_id, jobs.c.status.in_(_ACTIVE))
+    return int((await conn.execute(query)).scalar_one())
+
+
+class JobRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def submit(
+        self,
+        job: NewJob,
+        now: datetime,
+        *,
+        max_unfinished: int | None = None,
+        idempotency: IdempotencyTarget | None = None,
+        answer: StoredAnswer | None = None,
+        idempotency_retention: timedelta = RETENTION,
+    ) -> Job:
+        """Inserts a queued job; with `idempotency`, marks that running record done with `answer`
+        in the same transaction, so a job never exists without its record nor the reverse."""
+        now = utc(now)
+        if idempotency is not None and answer is None:
+            raise ValueError("an idempotency record is completed with an answer")
+        values = insert_values(job, now)
+        async with write_transaction(self._engine) as conn:
+            if max_unfinished is not None:
+                # Count then insert, exclusive per key: concurrent submits never overshoot.
+                await serialize_per_key(conn, job.key_id)
+                if await _count_unfinished(conn, job.key_id) >= max_unfinished:
+                    raise JobCapacityReached(max_unfinished)
+            await conn.execute(jobs.insert().values(**values))
+            if idempotency is not None and answer is not None:
+                done = await complete_on(
+                    conn, idempotency, answer, now, idempotency_retention, job.id
+                )
+                if not done:
+                    raise IdempotencyRecordLost("the idempotency record is no longer running")
+        # The row as inserted, without reading it back.
+        return job_from_row(SimpleNamespace(**values))
+
+    async def get(self, job_id: str, key_id: str | None = None) -> Job | None:
+        """The job; with `key_id`, only that key's (another key's job is None, as if absent)."""
+        query = select(jobs).where(jobs.c.id == job_id)
+        if key_id is not None:
+            query = query.where(jobs.c.key_id == key_id)
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        return None if row is None else job_from_row(row)
+
+    async def list(
+        self, *, key_id: str | None = None, status: JobStatus | None = None, limit: int = 100
+    ) -> list[Job]:
+        """Newest first."""
+        query = select(jobs).order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit)
+        if key_id is not None:
+            query = query.where(jobs.c.key_id == key_id)
+        if status is not None:
+            query = query.where(jobs.c.status == JobStatus(status).value)
+        async with self._engine.connect() as conn:
+            return [job_from_row(row) for row in await conn.execute(query)]
+
+    async def count_unfinished(self, key_id: str) -> int:
+        async with self._engine.connect() as conn:
+            return await _count_unfinished(conn, key_id)
+
+    async def claim(
+        self,
+        owner: str,
+        models: Collection[str],
+        now: datetime,
+        lease_s: float,
+        kinds: Collection[str] | None = None,
+    ) -> Job | None:
+        """Takes the oldest due queued job of one of `models` (and `kinds`) under a lease.
+
+        PostgreSQL skips rows another claimer has locked; SQLite holds the write lock."""
+        now = utc(now)
+        if not models or (kinds is not None and not kinds):
+            return None
+        c = jobs.c
+        candidate = (
+            select(c.id)
+            .where(
+                c.status == JobStatus.QUEUED.value,
+                c.model.in_(sorted(models)),
+                or_(c.not_before.is_(None), c.not_before <= now),
+            )
+            .order_by(c.created_at, c.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        )
+        if kinds is not None:
+            candidate = candidate.where(c.kind.in_(sorted(kinds)))
+        statement = (
+            update(jobs)
+            .where(c.id == candidate.scalar_subquery(), c.status == JobStatus.QUEUED.value)
+            .values(
+                status=JobStatus.RUNNING.value,
+                owner=owner,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                started_at=func.coalesce(c.started_at, literal(now, _TIME)),
+                updated_at=now,
+            )
+            .returning(*c)
+        )
+        async with write_transaction(self._engine) as conn:
+            row = (await conn.execute(statement)).first()
+        return None if row is None else job_from_row(row)
+
+    async def _fenced(
+        self, job_id: str, attempt: int, owner: str, now: datetime, values: dict[str, Any]
+    ) -> bool:
+        c = jobs.c
+        statement = (
+            update(jobs)
+            .where(
+                c.id == job_id,
+                c.attempt == attempt,
+                c.owner == owner,
+                c.status == JobStatus.RUNNING.value,
+            )
+            .values(updated_at=now, **values)
+        )
+        async with write_transaction(self._engine) as conn:
+            return (await conn.execute(statement)).rowcount == 1
+
+    async def renew(
+        self, job_id: str, attempt: int, owner: str, now: datetime, lease_s: float
+    ) -> bool:
+        """Extends the lease; False when the job is not ours any more (reaped, cancelled, ended)."""
+        now = utc(now)
+        return await self._fenced(
+            job_id, attempt, owner, now, {"lease_expires_at": now + timedelta(seconds=lease_s)}
+        )
+
+    async def finish(
+        self,
+        job_id: str,
+        attempt: int,
+        owner: str,
+        status: JobStatus,
+        now: datetime,
+        *,
+        result_status: int | None = None,
+        result_body: str | None = None,
+        error_code: str | None = None,
+    ) -> bool:
+        """Ends a running job we hold; False (nothing changed) for a stale or resurrected owner."""
+        status = JobStatus(status)
+        if not can_move(JobStatus.RUNNING, status) or status not in TERMINAL:
+            raise IllegalTransition(JobStatus.RUNNING, status)
+        now = utc(now)
+        return await self._fenced(
+            job_id,
+            attempt,
+            owner,
+            now,
+            {
+                "status": status.value,
+                "finished_at": now,
+                "lease_expires_at": None,
+                "result_status": result_status,
+                "result_body": result_body,
+                "error_code": error_code,
+            },
+        )
+
+    async def hand_back(
+        self, job_id: str, attempt: int, owner: str, now: datetime, not_before: datetime
+    ) -> bool:
+        """Running -> queued, to be claimed again from `not_before` (the key's slots were full).
+
+        The attempt stays: handing back is not a failure."""
+        now = utc(now)
+        return await self._fenced(
+            job_id,
+            attempt,
+            owner,
+            now,
+            {
+                "status": JobStatus.QUEUED.value,
+                "owner": None,
+                "lease_expires_at": None,
+                "not_before": utc(not_before),
+            },
+        )
+
+    async def reap(self, now: datetime) -> list[str]:
+        """Takes back every running job whose lease passed: queued again with one more attempt,
+        or failed (`job_attempts_exhausted`) once none is left. Returns their ids."""
+        now = utc(now)
+        c = jobs.c
+        stale = (
+            select(c.id)
+            .where(c.status == JobStatus.RUNNING.value, c.lease_expires_at < now)
+            .order_by(c.id)
+            .with_for_update(skip_locked=True)
+        )
+        retry = c.attempt + 1 < c.max_attempts
+        statement = (
+            update(jobs)
+            .where(
+                c.id.in_(stale),
+                c.status == JobStatus.RUNNING.value,
+                c.lease_expires_at < now,
+            )
+            .values(
+                status=case((retry, JobStatus.QUEUED.value), else_=JobStatus.FAILED.value),
+                attempt=c.attempt + 1,
+                owner=None,
+                lease_expires_at=None,
+                finished_at=case((retry, None), else_=literal(now, _TIME)),
+                error_code=case((retry, c.error_code), else_=ATTEMPTS_EXHAUSTED),
+                updated_at=now,
+            )
+            .returning(c.id)
+        )
+        async with write_transaction(self._engine) as conn:
+            return sorted(row.id for row in await conn.execute(statement))
+
+    async def cancel(self, job_id: str, key_id: str | None, now: datetime) -> Job | None:
+        """Queued or running -> cancelled; a job that ended already comes back unchanged.
+
+        None when there is no such job (or it is another key's). A running job's owner learns it
+        at its next renew or finish, both of which then answer False."""
+        now = utc(now)
+        c = jobs.c
+        statement = update(jobs).where(c.id == job_id, c.status.in_(_ACTIVE))
+        if key_id is not None:
+            statement = statement.where(c.key_id == key_id)
+        statement = statement.values(
+            status=JobStatus.CANCELLED.value,
+            finished_at=now,
+            lease_expires_at=None,
+            updated_at=now,
+        ).returning(*c)
+        async with write_transaction(self._engine) as conn:
+            row = (await conn.execute(statement)).first()
+        if row is not None:
+            return job_from_row(row)
+        return await self.get(job_id, key_id)
+
+    async def sweep(
+        self,
+        now: datetime,
+        *,
+        queued_ttl: timedelta = timedelta(hours=24),
+        result_ttl: timedelta = timedelta(hours=24),
+        metadata_ttl: timedelta = timedelta(days=7),
+    ) -> SweepReport:
+        """Retention: queued jobs expire, ended jobs lose request and result, then the rows go;
+        idempotency records past their retention go too. Each step is its own transaction."""
+        now = utc(now)
+        c = jobs.c
+        async with write_transaction(self._engine) as conn:
+            expired = await conn.execute(
+                update(jobs)
+                .where(c.status == JobStatus.QUEUED.value, c.created_at < now - queued_ttl)
+                .values(status=JobStatus.EXPIRED.value, finished_at=now, updated_at=now)
+            )
+        async with write_transaction(self._engine) as conn:
+            deleted = await conn.execute(
+                delete(jobs).where(c.finished_at.is_not(None), c.finished_at < now - metadata_ttl)
+            )
+        async with write_transaction(self._engine) as conn:
+            emptied = await conn.execute(
+                update(jobs)
+                .where(
+                    c.finished_at.is_not(None),
+                    c.finished_at < now - result_ttl,
+                    or_(c.request.is_not(None), c.result_body.is_not(None)),
+                )
+                .values(request=None, result_body=None, updated_at=now)
+            )
+        async with write_transaction(self._engine) as conn:
+            idempotency_deleted = await delete_expired_on(conn, now)
+        return SweepReport(
+            expired=expired.rowcount,
+            emptied=emptied.rowcount,
+            deleted=deleted.rowcount,
+            idempotency_deleted=idempotency_deleted,
+        )

@@ -1,0 +1,54 @@
+"""Write transactions that take the database's write lock up front, and the UTC clock checks.
+
+Used by the job and idempotency repositories in the API server process. Every time they store is
+given by the caller (`now`), never read here: the tests drive an explicit clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+# The two-key advisory lock space does not overlap the one-key space of the migration lock.
+_KEY_LOCK_SPACE = 7356124
+_KEY_LOCK = text("SELECT pg_advisory_xact_lock(:space, hashtext(:key))")
+
+
+@contextlib.asynccontextmanager
+async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """One transaction that commits on success. On SQLite it is `BEGIN IMMEDIATE`: a deferred
+    transaction that reads before it writes fails with SQLITE_BUSY when another writer went first
+    (WAL), instead of waiting out the busy timeout."""
+    async with engine.begin() as conn:
+        if conn.dialect.name == "sqlite":
+            await conn.exec_driver_sql("BEGIN IMMEDIATE")
+        yield conn
+
+
+async def serialize_per_key(conn: AsyncConnection, key_id: str) -> None:
+    """Makes the rest of this transaction exclusive per API key, so a count then insert is exact.
+
+    PostgreSQL: a transaction-level advisory lock on the key. SQLite needs nothing more: the
+    transaction holds the database's one write lock already (`write_transaction`)."""
+    if conn.dialect.name == "postgresql":
+        await conn.execute(_KEY_LOCK, {"space": _KEY_LOCK_SPACE, "key": key_id})
+
+
+def utc(moment: datetime) -> datetime:
+    """`moment` in UTC; a naive datetime is refused, since SQLite would store it as it is."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"a time given to storage must be timezone-aware, got {moment!r}")
+    return moment.astimezone(timezone.utc)
+
+
+def utc_or_none(moment: datetime | None) -> datetime | None:
+    """A stored time as an aware UTC datetime (SQLite hands back naive ones, written in UTC)."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)
