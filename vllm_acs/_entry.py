@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from pluggy import PluginManager
     from starlette.datastructures import State
 
+    from .jobs.runner import JobRunner
+    from .routes.jobs.service import JobService
+    from .settings import Settings
     from .storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -64,12 +67,16 @@ class AcsEndpointPlugin:
         self.models = NodeModels()
         self.storage: Storage | None = None
         self.plugins: PluginManager | None = None
+        self.app: FastAPI | None = None
+        self.jobs: JobService | None = None
+        self.runner: JobRunner | None = None
 
     def attach_router(self, app: FastAPI) -> None:
         from starlette.middleware.gzip import GZipMiddleware
 
         from . import __version__
         from .contract.routes import Surface
+        from .jobs.runner import utc_now
         from .middleware.activation_response import ActivationResponseMiddleware
         from .middleware.auth import AuthMiddleware
         from .middleware.body_limit import BodyLimitMiddleware
@@ -82,6 +89,8 @@ class AcsEndpointPlugin:
         from .middleware.strict_validation import StrictValidationMiddleware
         from .middleware.usage_chunk import UsageChunkMiddleware
         from .plugins import build_plugin_manager
+        from .routes.jobs.api_router import build_router as build_jobs_router
+        from .routes.jobs.service import JobService
         from .routes.models.api_router import build_router
         from .routes.openapi import build_openapi
         from .settings import Settings
@@ -95,6 +104,9 @@ class AcsEndpointPlugin:
         # Operators' authenticators now; the built-in key check joins once storage is open.
         self.plugins = build_plugin_manager()
         app.include_router(build_router(self.models))
+        self.app = app
+        self.jobs = JobService(self.models, settings, utc_now)
+        app.include_router(build_jobs_router(self.jobs))
         document = build_openapi(settings, __version__)
         app.openapi = lambda: document  # type: ignore[method-assign]
         surface = Surface(settings.expose_vllm_routes, metrics=settings.expose_metrics)
@@ -104,6 +116,7 @@ class AcsEndpointPlugin:
         app.add_middleware(DeferredMiddleware, build=self._admission)
         app.add_middleware(UsageChunkMiddleware)
         app.add_middleware(StrictValidationMiddleware, models=self.models, settings=settings)
+        app.add_middleware(DeferredMiddleware, build=self._idempotency)
         app.add_middleware(AuthMiddleware, plugin_manager=self.plugins)
         app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.body_limit_bytes)
         app.add_middleware(ErrorEnvelopeMiddleware)
@@ -123,6 +136,31 @@ class AcsEndpointPlugin:
             raise RuntimeError("vllm_acs storage is not open: init_state did not run")
         return AdmissionMiddleware(inner, self.storage.counters, self.storage.ledger)
 
+    def _idempotency(self, inner: Any) -> Any:
+        from .middleware.idempotency import IdempotencyMiddleware
+        from .routes.jobs.service import JOBS_PATH
+
+        if self.storage is None:
+            raise RuntimeError("vllm_acs storage is not open: init_state did not run")
+        # Path -> whether the key is required there (shared/spec/DECISIONS.md).
+        return IdempotencyMiddleware(inner, self.storage.idempotency, {JOBS_PATH: True})
+
+    def _start_jobs(self, settings: Settings) -> None:
+        from .jobs.completion import KIND, CompletionJobKind
+        from .jobs.runner import JobRunner
+
+        assert self.storage is not None and self.app is not None and self.jobs is not None
+        kinds = {KIND: CompletionJobKind(self.app, self.storage.keys, settings)}
+        self.runner = JobRunner(
+            self.storage.jobs,
+            kinds,
+            lambda: [model.id for model in self.models.all()],
+            concurrency=settings.job_concurrency,
+            lease_s=settings.job_lease_ms / 1000,
+        )
+        self.jobs.bind(self.storage, self.runner)
+        self.runner.start()
+
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
         from .key_auth import KeyAuthPlugin
         from .plugins import notify_usage_recorded
@@ -141,6 +179,7 @@ class AcsEndpointPlugin:
         plugins = self.plugins
         plugins.register(KeyAuthPlugin(storage.keys, settings))
         storage.ledger.on_written = lambda row: notify_usage_recorded(plugins, row)
+        self._start_jobs(settings)
         logger.info(
             "vllm_acs serving %s as model id %r (gpu_shape %s; database %s; counters %s)",
             served.checkpoint,
@@ -151,7 +190,10 @@ class AcsEndpointPlugin:
         )
 
     async def close(self) -> None:
-        """At shutdown: drains the usage queue and closes the database and Redis."""
+        """At shutdown: hands running jobs back, drains the usage queue, closes the database."""
+        if self.runner is not None:
+            await self.runner.close()
+            self.runner = None
         if self.storage is not None:
             await self.storage.close()
             self.storage = None

@@ -269,3 +269,61 @@ class TrafficLimited(AcsError):
         retry_after_ms = max(1, retry_after_ms)
         self.headers.setdefault("retry-after", str(-(-retry_after_ms // 1000)))
         self.headers.setdefault("retry-after-ms", str(retry_after_ms))
+
+
+class JobNotFound(NotFound):
+    """A job id this key does not own (another key's job is a 404 too, never a 403)."""
+
+    code = "job_not_found"
+
+
+class JobNotCancellable(AcsError):
+    """DELETE of a job that has already ended; the message names its status."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "job_not_cancellable"
+    never_retry = True
+
+
+class JobCapacity(AcsError):
+    status = 429
+    type = "rate_limit_error"
+    code = "job_capacity"
+    never_retry = True
+
+
+class IdempotencyConflict(AcsError):
+    """The Idempotency-Key was used before with another body."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "idempotency_conflict"
+    never_retry = True
+
+
+class IdempotencyRunning(AcsError):
+    """The first request with this Idempotency-Key has not answered yet."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "running"
+    retry_after_s = 1
+
+
+class IdempotencyNoAnswer(AcsError):
+    """The first request with this Idempotency-Key ended without an answer to replay."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "no_answer"
+    never_retry = True
+
+
+class JobAttemptsExhausted(AcsError):
+    """A job whose every run ended with its process gone (its lease expired each time)."""
+
+    status = 500
+    type = "server_error"
+    code = "job_attempts_exhausted"
+    never_retry = True

@@ -92,10 +92,16 @@ class KeyAuthPlugin:
         if found is None or not secret_matches(token, found.secret_hash):
             logger.info("refused an unknown API key (prefix %s)", visible_prefix(token))
             raise invalid
-        if found.key.state in _REFUSALS:
-            code, message = _REFUSALS[found.key.state]
-            raise Unauthorized(message, code=code)
-        if found.account_status in _ACCOUNT_REFUSALS:
-            code, message = _ACCOUNT_REFUSALS[found.account_status]
-            raise Unauthorized(message, code=code)
-        return principal_for(found, self._settings)
+        return checked_principal(found, self._settings)
+
+
+def checked_principal(found: KeyWithAccount, settings: Settings) -> Principal:
+    """The key's principal, or Unauthorized when the key or its account may not make requests
+    now (also used when a job runs: a key revoked after the submit stops its queued jobs)."""
+    if found.key.state in _REFUSALS:
+        code, message = _REFUSALS[found.key.state]
+        raise Unauthorized(message, code=code)
+    if found.account_status in _ACCOUNT_REFUSALS:
+        code, message = _ACCOUNT_REFUSALS[found.account_status]
+        raise Unauthorized(message, code=code)
+    return principal_for(found, settings)

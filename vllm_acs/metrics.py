@@ -66,6 +66,17 @@ CAPTURE_BYTES = Counter(
     "Bytes of captured residual stream read back from capture files (bf16).",
 )
 
+JOB_RUNS = Counter(
+    "acs_job_runs",
+    "Job runs on this node by kind and how they ended: succeeded, failed, handed_back (to wait "
+    "or at shutdown), stopped (cancelled or lease lost), fenced_out (its end came too late).",
+    ["kind", "outcome"],
+)
+RUNNING_JOBS = Gauge("acs_running_jobs", "Jobs this node runs now.", multiprocess_mode="livesum")
+REAPED_JOBS = Counter(
+    "acs_reaped_jobs", "Jobs whose lease expired (their process died), handed back or failed."
+)
+
 
 def method_label(method: str) -> str:
     return method if method in KNOWN_METHODS else "OTHER"

@@ -142,9 +142,12 @@ async def _db(args: argparse.Namespace, storage: Any) -> int:
 
 _UNSET: Any = object()
 
+# Public names for job_commands.py, whose `jobs` commands print the same way.
+out, table = _out, _table
+
 
 def add_operator_commands(sub: Any) -> None:
-    """Adds `accounts`, `keys`, `usage` and `db` to the `vllm-acs` parser."""
+    """Adds `accounts`, `keys`, `usage`, `db` and `jobs` (job_commands.py) to the parser."""
 
     def command(parser: argparse.ArgumentParser, handler: Any, upgrade: bool | None = None) -> None:
         parser.add_argument("--json", action="store_true", help="print JSON")
@@ -198,6 +201,10 @@ def add_operator_commands(sub: Any) -> None:
     acts = db.add_subparsers(dest="action", required=True)
     command(acts.add_parser("upgrade", help="upgrade the schema to this version's head"), _db, True)
     command(acts.add_parser("current", help="print the schema revision"), _db, False)
+
+    from .job_commands import add_job_commands
+
+    add_job_commands(sub, command)
 
 
 def _run(args: argparse.Namespace, handler: Any, upgrade: bool | None) -> int:

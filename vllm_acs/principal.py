@@ -55,3 +55,17 @@ class Principal:
     spend_capped: bool = False
     # Who vouched for it: "key" for the built-in check, a plugin's name otherwise.
     source: str = "key"
+
+
+# `scope[REPLAY_SCOPE_KEY]`: a request the node replays through its own pipeline for a job. Only
+# in-process code can put it on a scope (the server builds every client's scope without it).
+REPLAY_SCOPE_KEY = "acs.replay"
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A job's completion run as a live one: Auth takes this principal; Admission takes no
+    start (the job took it at submit) and refuses a Hold that would lower max_tokens."""
+
+    principal: Principal
+    job_id: str

@@ -71,6 +71,12 @@ class Settings:
     expose_vllm_routes: tuple[str, ...] = ()
     # vLLM's Prometheus `/metrics`, with the plugin's own series beside vLLM's.
     expose_metrics: bool = True
+    # Completion jobs: unfinished jobs per key (`429 job_capacity`), jobs this process runs at
+    # once, how long a claimed job outlives a dead process, and runs before a job fails.
+    max_jobs_per_key: int = 1000
+    job_concurrency: int = 32
+    job_lease_ms: int = 30_000
+    job_max_attempts: int = 3
 
     @property
     def resolved_database_url(self) -> str:

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 
@@ -15,8 +12,8 @@ import httpx
 import pytest
 
 from tests.e2e.access_load import BODY, assert_budget_is_exact, assert_running_slots_are_exact
+from tests.e2e.shared_nodes import shared_nodes
 from tests.harness import ServerProcess, group_members
-from tests.services import REDIS_URL, private_pg_database, private_redis_prefix
 
 pytestmark = pytest.mark.e2e
 
@@ -28,37 +25,8 @@ LEASE_MS = 8000
 @pytest.fixture(scope="module")
 def nodes(tiny_model_dir, tmp_path_factory) -> Iterator[list[ServerProcess]]:
     home = tmp_path_factory.mktemp("shared-home")
-    with private_pg_database() as database_url, private_redis_prefix() as prefix:
-        env = {
-            "VLLM_ACS_HOME": str(home),
-            "VLLM_ACS_DATABASE_URL": database_url,
-            "VLLM_ACS_REDIS_URL": REDIS_URL,
-            "VLLM_ACS_REDIS_PREFIX": prefix,
-            "VLLM_ACS_LEASE_MS": str(LEASE_MS),
-        }
-        # PostgreSQL is upgraded by the operator, before any node starts.
-        subprocess.run(
-            [sys.executable, "-m", "vllm_acs.cli", "db", "upgrade"],
-            env={**os.environ, **env},
-            check=True,
-            capture_output=True,
-        )
-        servers = [
-            ServerProcess(model_dir=tiny_model_dir, log_path=home / f"node-{i}.log", env=env)
-            for i in range(2)
-        ]
-        starters = [threading.Thread(target=s.start) for s in servers]
-        for starter in starters:
-            starter.start()
-        for starter in starters:
-            starter.join()
-        try:
-            for server in servers:
-                assert server.process is not None, server.log_tail()
-            yield servers
-        finally:
-            for server in servers:
-                server.stop()
+    with shared_nodes(tiny_model_dir, home, {"VLLM_ACS_LEASE_MS": str(LEASE_MS)}) as (servers, _):
+        yield servers
 
 
 def _urls(nodes: list[ServerProcess]) -> list[str]:

@@ -57,7 +57,12 @@ def test_the_plugin_series_count_what_was_sent(acs_server):
         samples, _ = scrape(base)
         return all(
             value(samples, name) == 0
-            for name in ("acs_running_requests", "acs_waiting_requests", "acs_tokens_held")
+            for name in (
+                "acs_running_requests",
+                "acs_waiting_requests",
+                "acs_tokens_held",
+                "acs_running_jobs",
+            )
         )
 
     until(idle, "the node has nothing in flight before the test")

@@ -36,6 +36,11 @@ OPERATIONS = [
     ("/v1/models", "GET", POSITIVE, 3),
     ("/v1/models/{model_id}", "GET", POSITIVE, 10),
     ("/health", "GET", POSITIVE, 3),
+    ("/v1/completion-jobs", "POST", POSITIVE, 15),
+    ("/v1/completion-jobs", "POST", NEGATIVE, 15),
+    ("/v1/completion-jobs/{job_id}", "GET", POSITIVE, 5),
+    ("/v1/completion-jobs/{job_id}", "DELETE", POSITIVE, 5),
+    ("/v1/completion-jobs/{job_id}/result", "GET", POSITIVE, 5),
 ]
 
 
@@ -70,6 +75,8 @@ def test_operation_conforms(api_schema, auth, path: str, method: str, mode, exam
     assert not any(s >= 500 for s in statuses), statuses
     if (path, mode) == ("/v1/completions", POSITIVE):
         assert 200 in statuses  # the run reached the engine, not only the validation
+    if (path, method, mode) == ("/v1/completion-jobs", "POST", POSITIVE):
+        assert 202 in statuses  # some generated submits were accepted
 
 
 def test_document_covers_the_public_surface(acs_server):
@@ -79,8 +86,16 @@ def test_document_covers_the_public_surface(acs_server):
         "/v1/chat/completions",
         "/v1/models",
         "/v1/models/{model_id}",
+        "/v1/completion-jobs",
+        "/v1/completion-jobs/{job_id}",
+        "/v1/completion-jobs/{job_id}/result",
         "/health",
     }
+    submit = document["paths"]["/v1/completion-jobs"]["post"]
+    (idempotency_key,) = submit["parameters"]
+    assert idempotency_key["name"] == "Idempotency-Key" and idempotency_key["required"] is True
+    assert idempotency_key["schema"]["maxLength"] == 255
+    assert set(submit["responses"]["202"]["headers"]) >= {"Location", "Idempotent-Replayed"}
     request_schema = document["components"]["schemas"]["CompletionRequest"]
     props = request_schema["properties"]
     assert request_schema["additionalProperties"] is False

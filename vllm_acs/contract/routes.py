@@ -38,6 +38,9 @@ PUBLIC_V1_ROUTES: tuple[PublicRoute, ...] = (
     _route("/v1/chat/completions", "POST"),  # answered 400 chat_completions_unsupported
     _route("/v1/models", "GET"),
     _route("/v1/models/{model_id}", "GET"),
+    _route("/v1/completion-jobs", "POST"),
+    _route("/v1/completion-jobs/{job_id}", "GET", "DELETE"),
+    _route("/v1/completion-jobs/{job_id}/result", "GET"),
 )
 # Outside /v1: liveness, the API's description and its browsable UI (FastAPI's, as vLLM builds
 # it; with --enable-offline-docs the UI's files under /static stay closed).

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from ..errors import AcsError, ActivationQuotaExceeded, BudgetExceeded, SpendCap, TrafficLimited
 from ..metrics import ADMISSIONS, TOKENS_SETTLED, SlotGauges
-from ..principal import PRINCIPAL_STATE_KEY, Principal
+from ..principal import PRINCIPAL_STATE_KEY, REPLAY_SCOPE_KEY, Principal, Replay
 from ..storage.counters import AdmitRequest, Counters, Ticket, activation_units
 from ..storage.errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted
 from ..storage.ledger import UsageLedger
@@ -99,6 +99,7 @@ class _Admission:
         self.admitted_at = datetime.now(timezone.utc)
         self.meter = ResponseUsage(stream=validated.stream)
         self.ticket: Ticket | None = None
+        self.replayed = isinstance(scope.get(REPLAY_SCOPE_KEY), Replay)
 
     async def run(self, receive: Receive, send: Send) -> None:
         try:
@@ -112,6 +113,9 @@ class _Admission:
                         choices=self.validated.choices,
                         max_tokens=self.validated.max_tokens,
                         activation=self.validated.activations is not None,
+                        # A job took its start at submit, and refuses instead of clamping.
+                        count_start=not self.replayed,
+                        allow_clamp=not self.replayed,
                     )
                 )
             except (BudgetExhausted, StartsExhausted, QueueFull) as error:

@@ -11,29 +11,10 @@ from typing import Any
 
 from ..contract.activation_fields import CODEC_SCHEMA
 from ..contract.completion_request import CompletionRequest
-from ..errors import REQUEST_ID_PATTERN
 from ..settings import Settings
+from .jobs.openapi import job_paths, job_schemas
 from .models.protocol import ModelCard, ModelList
-
-_REF = "#/components/schemas/{model}"
-
-ERROR_ENVELOPE = {
-    "type": "object",
-    "required": ["error", "request_id"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["message", "type", "param", "code"],
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": "string", "description": "The spec's error code"},
-            },
-        },
-        "request_id": {"type": "string", "description": "Equals the X-Request-Id header"},
-    },
-}
+from .openapi_parts import ERROR_ENVELOPE, HEADERS, REF, error_doc, json_doc
 
 COMPLETION = {
     "type": "object",
@@ -75,72 +56,10 @@ COMPLETION = {
     },
 }
 
-HEADERS: dict[str, dict[str, Any]] = {
-    "X-Request-Id": {
-        "description": "The request's trace id (the client's when 1-64 of [A-Za-z0-9_-])",
-        "required": True,
-        "schema": {"type": "string", "pattern": f"^{REQUEST_ID_PATTERN.pattern}$"},
-    },
-    "X-Acs-Upstream-Model": {"description": "The checkpoint", "schema": {"type": "string"}},
-    "X-Acs-Upstream-Gpu": {"description": "The operator's gpu_shape", "schema": {"type": "string"}},
-    "X-Acs-Upstream-Error-Kind": {
-        "description": "Mirrors error.code on engine errors",
-        "schema": {"type": "string"},
-    },
-    "X-Acs-Max-Tokens-Clamped": {
-        "description": "requested=N,applied=M,reason=budget|deadline|deadline+budget,"
-        "source=client|default",
-        "schema": {"type": "string"},
-    },
-    "Retry-After": {"description": "Seconds before a retry", "schema": {"type": "string"}},
-    "retry-after-ms": {"description": "Milliseconds before a retry", "schema": {"type": "string"}},
-    "x-should-retry": {
-        "description": "false: resending cannot fix it",
-        "schema": {"type": "string"},
-    },
-}
-
-_ERROR_TEXT = {
-    400: "Invalid request (invalid_request, bad_json, model_not_found, context_length_exceeded, "
-    "deadline_infeasible, full_vocab_prompt_too_long, activation_prompt_too_long, "
-    "position_steering_unavailable, chat_completions_unsupported, vllm_invalid_request, "
-    "vllm_context_length)",
-    401: "No valid key (missing_authorization, invalid_api_key, key_revoked, key_disabled, "
-    "account_suspended, account_not_approved)",
-    403: "scope_denied: the key lacks the route's scope",
-    404: "Unknown route or id",
-    413: "request_too_large",
-    429: "budget_exceeded, activation_quota_exceeded (no Retry-After), queue_full, rate_limited, "
-    "spend_cap (Retry-After)",
-    500: "internal_error",
-    502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error; "
-    "capture_incomplete (retry after Retry-After), capture_rows_missing (not retryable))",
-}
-
-
-def _headers(*names: str) -> dict[str, Any]:
-    return {name: {"$ref": f"#/components/headers/{name}"} for name in ("X-Request-Id", *names)}
-
-
-def _error(status: int, *headers: str) -> dict[str, Any]:
-    return {
-        "description": _ERROR_TEXT[status],
-        "headers": _headers(*headers),
-        "content": {"application/json": {"schema": {"$ref": _REF.format(model="ErrorEnvelope")}}},
-    }
-
-
-def _json(description: str, schema_name: str, *headers: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "headers": _headers(*headers),
-        "content": {"application/json": {"schema": {"$ref": _REF.format(model=schema_name)}}},
-    }
-
 
 def _completions_operation() -> dict[str, Any]:
     upstream = ("X-Acs-Upstream-Model", "X-Acs-Upstream-Gpu")
-    ok = _json("A completion", "Completion", *upstream, "X-Acs-Max-Tokens-Clamped")
+    ok = json_doc("A completion", "Completion", *upstream, "X-Acs-Max-Tokens-Clamped")
     ok["content"]["text/event-stream"] = {
         "schema": {
             "type": "string",
@@ -154,7 +73,7 @@ def _completions_operation() -> dict[str, Any]:
         "requestBody": {
             "required": True,
             "content": {
-                "application/json": {"schema": {"$ref": _REF.format(model="CompletionRequest")}}
+                "application/json": {"schema": {"$ref": REF.format(model="CompletionRequest")}}
             },
         },
         "parameters": [
@@ -168,13 +87,13 @@ def _completions_operation() -> dict[str, Any]:
         ],
         "responses": {
             "200": ok,
-            "400": _error(400, *upstream, "X-Acs-Upstream-Error-Kind", "x-should-retry"),
-            "401": _error(401),
-            "403": _error(403),
-            "413": _error(413, "x-should-retry"),
-            "429": _error(429, "Retry-After", "retry-after-ms", "x-should-retry"),
-            "500": _error(500, "x-should-retry"),
-            "502": _error(
+            "400": error_doc(400, *upstream, "X-Acs-Upstream-Error-Kind", "x-should-retry"),
+            "401": error_doc(401),
+            "403": error_doc(403),
+            "413": error_doc(413, "x-should-retry"),
+            "429": error_doc(429, "Retry-After", "retry-after-ms", "x-should-retry"),
+            "500": error_doc(500, "x-should-retry"),
+            "502": error_doc(
                 502,
                 *upstream,
                 "X-Acs-Upstream-Error-Kind",
@@ -187,14 +106,15 @@ def _completions_operation() -> dict[str, Any]:
 
 
 def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
-    schemas = CompletionRequest.model_json_schema(ref_template=_REF)
+    schemas = CompletionRequest.model_json_schema(ref_template=REF)
     components: dict[str, Any] = {"CompletionRequest": schemas}
     components.update(schemas.pop("$defs", {}))
     for model in (ModelList, ModelCard):
-        schema = model.model_json_schema(ref_template=_REF)
+        schema = model.model_json_schema(ref_template=REF)
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema
     components["ErrorEnvelope"] = ERROR_ENVELOPE
+    components.update(job_schemas())
     components["Completion"] = COMPLETION
     return {
         "openapi": "3.1.0",
@@ -210,10 +130,10 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
                     "operationId": "chatCompletionsUnsupported",
                     "summary": "Not supported: always 400 chat_completions_unsupported",
                     "responses": {
-                        "400": _error(400),
-                        "401": _error(401),
-                        "413": _error(413),
-                        "500": _error(500),
+                        "400": error_doc(400),
+                        "401": error_doc(401),
+                        "413": error_doc(413),
+                        "500": error_doc(500),
                     },
                 }
             },
@@ -221,9 +141,9 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
                 "get": {
                     "operationId": "listModels",
                     "responses": {
-                        "200": _json("The models", "ModelList"),
-                        "401": _error(401),
-                        "500": _error(500),
+                        "200": json_doc("The models", "ModelList"),
+                        "401": error_doc(401),
+                        "500": error_doc(500),
                     },
                 }
             },
@@ -239,13 +159,14 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
                         }
                     ],
                     "responses": {
-                        "200": _json("One model", "ModelCard"),
-                        "401": _error(401),
-                        "404": _error(404),
-                        "500": _error(500),
+                        "200": json_doc("One model", "ModelCard"),
+                        "401": error_doc(401),
+                        "404": error_doc(404),
+                        "500": error_doc(500),
                     },
                 }
             },
+            **job_paths(),
             "/health": {
                 "get": {
                     "operationId": "health",

@@ -1,0 +1,156 @@
+"""A completion job survives a SIGKILL of its node: the restarted node's reaper hands the job
+back (attempt 1), it runs again and succeeds once, and only that run is charged.
+
+One node on embedded SQLite, killed with its whole process group mid-job, then started again on
+the same VLLM_ACS_HOME (the same database) and a new port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.harness import ServerProcess, group_members
+
+pytestmark = pytest.mark.e2e
+
+# Short, so that the restarted node's reaper finds the dead node's lease expired at once (a node
+# takes longer than this to start) and the test never waits out a 30 s default.
+JOB_LEASE_MS = 3000
+# Long enough that the job is still generating when it is killed (seconds on the tiny model).
+LONG_BODY = {"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 1500, "temperature": 0}
+ENDED = {"succeeded", "failed", "cancelled", "expired"}
+
+
+@contextlib.contextmanager
+def started(server: ServerProcess) -> Iterator[ServerProcess]:
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _node(model_dir: Path, home: Path, name: str) -> ServerProcess:
+    env = {"VLLM_ACS_HOME": str(home), "VLLM_ACS_JOB_LEASE_MS": str(JOB_LEASE_MS)}
+    return ServerProcess(model_dir=model_dir, log_path=home / f"{name}.log", env=env)
+
+
+def _sqlite(home: Path, query: str, *args: Any) -> list[sqlite3.Row]:
+    # A fresh connection per read: the server writes the file from another process.
+    conn = sqlite3.connect(home / "vllm-acs.sqlite3", timeout=10)
+    conn.row_factory = sqlite3.Row
+    try:
+        return conn.execute(query, args).fetchall()
+    finally:
+        conn.close()
+
+
+def _job(client: httpx.Client, job_id: str) -> dict[str, Any]:
+    response = client.get(f"/v1/completion-jobs/{job_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _wait_status(
+    client: httpx.Client, job_id: str, wanted: set[str], timeout_s: float, server: ServerProcess
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = _job(client, job_id)
+        if job["status"] in wanted:
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"job {job_id} still {job['status']} after {timeout_s}s, not one of {wanted}:\n"
+                f"{server.log_tail()}"
+            )
+        time.sleep(0.2)
+
+
+def test_a_killed_node_leaves_its_job_to_the_restart_which_runs_it_once(
+    tiny_model_dir, tmp_path_factory
+):
+    home = tmp_path_factory.mktemp("jobs-crash-home")
+    first = _node(tiny_model_dir, home, "node-first")
+    with started(first):
+        record = first.create_key_record("jobs-crash")
+        auth = {"Authorization": f"Bearer {record['key']}"}
+        with httpx.Client(base_url=first.base_url, headers=auth, timeout=60) as client:
+            submitted = client.post(
+                "/v1/completion-jobs", json=LONG_BODY, headers={"Idempotency-Key": "crash-1"}
+            )
+            assert submitted.status_code == 202, submitted.text
+            job_id = submitted.json()["id"]
+            assert submitted.headers["location"] == f"/v1/completion-jobs/{job_id}"
+            _wait_status(client, job_id, {"running"}, 60, first)
+
+        pgid = first.process.pid
+        os.killpg(pgid, signal.SIGKILL)
+        # EngineCore and its workers are in the group too: none may outlive the kill, or the
+        # restart would share the machine (and the job) with a half-dead node.
+        deadline = time.monotonic() + 15
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert group_members(pgid) == [], "processes of the killed node survived SIGKILL"
+
+    # The kill came mid-job: the table still has the dead node's claim and nothing was charged.
+    # Were it already over, the rest of the test would prove nothing about a crash.
+    (row,) = _sqlite(home, "SELECT status, attempt FROM jobs WHERE id = ?", job_id)
+    assert (row["status"], row["attempt"]) == ("running", 0)
+    assert _sqlite(home, "SELECT id FROM usage_rows WHERE request_id = ?", job_id) == []
+
+    second = _node(tiny_model_dir, home, "node-second")
+    assert second.port != first.port
+    with started(second):
+        with httpx.Client(base_url=second.base_url, headers=auth, timeout=60) as client:
+            # The lease has expired by the time the node is up; then the reaper (every 5 s), the
+            # claim and 1500 tokens of generation on a loaded machine.
+            job = _wait_status(client, job_id, ENDED, 240, second)
+            assert job["status"] == "succeeded", (job, second.log_tail())
+            assert job["result_status"] == 200
+            result = client.get(f"/v1/completion-jobs/{job_id}/result")
+        assert result.status_code == 200, result.text
+        completion = result.json()
+        assert completion["object"] == "text_completion"
+        usage = completion["usage"]
+        assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+
+        # The usage row is written by the ledger's queue, possibly just after the job ended.
+        deadline = time.monotonic() + 30
+        while True:
+            rows = _sqlite(
+                home,
+                "SELECT status, prompt_tokens, completion_tokens, key_id FROM usage_rows "
+                "WHERE request_id = ?",
+                job_id,
+            )
+            if rows or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert [tuple(r) for r in rows] == [
+            (200, usage["prompt_tokens"], usage["completion_tokens"], record["id"])
+        ]
+
+        # The operator's report charges the key that one run and nothing for the killed attempt.
+        report = second.cli("usage")["per_key_model_month"]
+        charged = [r for r in report if r["key_prefix"] == record["prefix"]]
+        assert sum(r["requests"] for r in charged) == 1, charged
+        assert sum(r["prompt_tokens"] for r in charged) == usage["prompt_tokens"]
+        assert sum(r["completion_tokens"] for r in charged) == usage["completion_tokens"]
+        assert sum(r["total_tokens"] for r in charged) == usage["total_tokens"]
+
+        # One hand-back (the reaper's), seen as the operator sees it and in the table itself.
+        shown = second.cli("jobs", "show", job_id)
+        assert (shown["status"], shown["attempt"]) == ("succeeded", 1)
+        (row,) = _sqlite(home, "SELECT attempt FROM jobs WHERE id = ?", job_id)
+        assert row["attempt"] == 1

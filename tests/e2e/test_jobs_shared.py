@@ -1,0 +1,252 @@
+"""Completion jobs on two nodes sharing PostgreSQL and Redis: each job runs exactly once whichever
+node claims it, is readable from either node, and a node killed mid-job leaves its job to the
+other, which runs it again (attempt 1) and charges it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.shared_nodes import shared_nodes
+from tests.harness import ServerProcess, group_members
+
+pytestmark = pytest.mark.e2e
+
+# A few seconds, so the survivor takes a dead node's job back quickly, but not below 4 s: the
+# runner renews every third of it, and two servers with two engines on two cores stall event
+# loops for a second or more (a renewal that comes too late loses a healthy job to the reaper).
+JOB_LEASE_MS = 5000
+# The slots' and holds' lease (as in test_access_shared): a dead node's slot comes back soon.
+LEASE_MS = 8000
+ONE_TOKEN = {"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 1, "temperature": 0}
+LONG_BODY = {**ONE_TOKEN, "max_tokens": 1500}
+ENDED = {"succeeded", "failed", "cancelled", "expired"}
+BULK_JOBS = 100
+
+
+@dataclass
+class Cluster:
+    nodes: list[ServerProcess]
+    dsn: str  # asyncpg's, for reading the tables the nodes write
+
+    def query(self, statement: str, *args: Any) -> list[dict[str, Any]]:
+        return asyncio.run(_fetch(self.dsn, statement, *args))
+
+
+async def _fetch(dsn: str, statement: str, *args: Any) -> list[dict[str, Any]]:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        return [dict(row) for row in await conn.fetch(statement, *args)]
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir, tmp_path_factory) -> Iterator[Cluster]:
+    home = tmp_path_factory.mktemp("jobs-shared-home")
+    env = {"VLLM_ACS_LEASE_MS": str(LEASE_MS), "VLLM_ACS_JOB_LEASE_MS": str(JOB_LEASE_MS)}
+    with shared_nodes(tiny_model_dir, home, env) as (servers, database_url):
+        yield Cluster(servers, database_url.replace("postgresql+asyncpg://", "postgresql://"))
+
+
+def _logs(nodes: list[ServerProcess]) -> str:
+    return "\n".join(f"--- {n.log_path.name}\n{n.log_tail(40)}" for n in nodes)
+
+
+def _submit(client: httpx.Client, url: str, body: dict[str, Any], idempotency_key: str) -> str:
+    response = client.post(
+        f"{url}/v1/completion-jobs", json=body, headers={"Idempotency-Key": idempotency_key}
+    )
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert response.headers["location"] == f"/v1/completion-jobs/{job['id']}"
+    assert job["status"] == "queued"
+    return job["id"]
+
+
+def _wait_ended(
+    client: httpx.Client, urls: list[str], job_ids: list[str], timeout_s: float, nodes
+) -> dict[str, dict[str, Any]]:
+    """Every job's final object, polled round-robin over the nodes until all have ended."""
+    ended: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    turn = 0
+    while len(ended) < len(job_ids):
+        for job_id in [j for j in job_ids if j not in ended]:
+            turn += 1
+            response = client.get(f"{urls[turn % len(urls)]}/v1/completion-jobs/{job_id}")
+            assert response.status_code == 200, response.text
+            if response.json()["status"] in ENDED:
+                ended[job_id] = response.json()
+        if len(ended) < len(job_ids):
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{len(job_ids) - len(ended)} job(s) not ended after {timeout_s}s:\n"
+                    f"{_logs(nodes)}"
+                )
+            time.sleep(0.5)
+    return ended
+
+
+def _usage_rows(cluster: Cluster, key_id: str, expected: int, timeout_s: float = 30):
+    """The key's usage rows, once at least `expected` are written (the ledger writes from a
+    queue, possibly just after a job ended)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = cluster.query(
+            "SELECT request_id, status, prompt_tokens, completion_tokens FROM usage_rows "
+            "WHERE key_id = $1",
+            key_id,
+        )
+        if len(rows) >= expected or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.3)
+
+
+def _charged(node: ServerProcess, prefix: str) -> dict[str, int]:
+    """What `vllm-acs usage` charges the key, over every model and month."""
+    rows = [r for r in node.cli("usage")["per_key_model_month"] if r["key_prefix"] == prefix]
+    fields = ("requests", "prompt_tokens", "completion_tokens", "total_tokens")
+    return {f: sum(r[f] for r in rows) for f in fields}
+
+
+def test_many_jobs_over_two_nodes_each_run_once(cluster):
+    nodes = cluster.nodes
+    urls = [n.base_url for n in nodes]
+    record = nodes[0].create_key_record("jobs-bulk")
+    auth = {"Authorization": f"Bearer {record['key']}"}
+    with httpx.Client(headers=auth, timeout=60) as client:
+        # A few client threads, the jobs alternating between the nodes: both runners claim from
+        # the one table at once, which is what could run a job twice.
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            job_ids = list(
+                pool.map(
+                    lambda i: _submit(client, urls[i % 2], ONE_TOKEN, f"bulk-{i}"),
+                    range(BULK_JOBS),
+                )
+            )
+        assert len(set(job_ids)) == BULK_JOBS
+        ended = _wait_ended(client, urls, job_ids, 300, nodes)
+        statuses = Counter(job["status"] for job in ended.values())
+        assert statuses == {"succeeded": BULK_JOBS}, (statuses, _logs(nodes))
+
+        results: dict[str, dict[str, Any]] = {}
+        for job_id in job_ids:
+            answers = [client.get(f"{url}/v1/completion-jobs/{job_id}/result") for url in urls]
+            assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+            # Both nodes read the one stored answer, byte for byte.
+            assert answers[0].content == answers[1].content
+            results[job_id] = answers[0].json()
+
+    rows = _usage_rows(cluster, record["id"], BULK_JOBS)
+    per_job = Counter(row["request_id"] for row in rows)
+    assert set(per_job) == set(job_ids)
+    assert set(per_job.values()) == {1}, [j for j, n in per_job.items() if n != 1]
+    assert {row["status"] for row in rows} == {200}
+    for row in rows:
+        usage = results[row["request_id"]]["usage"]
+        assert (row["prompt_tokens"], row["completion_tokens"]) == (
+            usage["prompt_tokens"],
+            usage["completion_tokens"],
+        )
+    charged = _charged(nodes[1], record["prefix"])
+    assert charged["requests"] == BULK_JOBS
+    assert charged["total_tokens"] == sum(r["usage"]["total_tokens"] for r in results.values())
+
+
+def test_a_job_submitted_to_one_node_is_readable_from_the_other_at_once(cluster):
+    node_a, node_b = cluster.nodes
+    key = node_a.create_key("jobs-read")
+    auth = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(headers=auth, timeout=60) as client:
+        job_id = _submit(client, node_a.base_url, ONE_TOKEN, "read-1")
+        # Right away: the job is in the shared table when the submit answers.
+        read = client.get(f"{node_b.base_url}/v1/completion-jobs/{job_id}")
+        assert read.status_code == 200, read.text
+        assert read.json()["id"] == job_id
+        assert read.json()["model"] == "tiny-llama"
+        ended = _wait_ended(client, [node_b.base_url], [job_id], 120, cluster.nodes)
+        assert ended[job_id]["status"] == "succeeded"
+        result = client.get(f"{node_b.base_url}/v1/completion-jobs/{job_id}/result")
+        assert result.status_code == 200, result.text
+
+
+def _owner_node(cluster: Cluster, owner: str) -> ServerProcess:
+    """The node whose process runs under `owner` (`hostname-pid-nonce`, the API server's pid)."""
+    pid = int(owner.rsplit("-", 2)[1])
+    # Matched on the process group rather than the Popen pid alone: whichever process of a node
+    # hosts the runner, it is in that node's group.
+    (node,) = [n for n in cluster.nodes if pid in group_members(n.process.pid)]
+    return node
+
+
+def test_a_node_killed_mid_job_leaves_the_job_to_the_other(cluster):
+    # Last in the module: the killed node stays down.
+    nodes = cluster.nodes
+    record = nodes[0].create_key_record("jobs-kill")
+    auth = {"Authorization": f"Bearer {record['key']}"}
+    with httpx.Client(headers=auth, timeout=60) as client:
+        job_id = _submit(client, nodes[0].base_url, LONG_BODY, "kill-1")
+        # Either runner may claim it (the submitting node is woken, the other polls): rather than
+        # steer the claim, wait until it is running and read its owner from the shared table,
+        # then kill that node, whichever it is.
+        deadline = time.monotonic() + 60
+        while True:
+            (job,) = cluster.query("SELECT status, owner, attempt FROM jobs WHERE id = $1", job_id)
+            if job["status"] == "running" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert job["status"] == "running", (job, _logs(nodes))
+        assert job["attempt"] == 0
+        victim = _owner_node(cluster, job["owner"])
+        (survivor,) = [n for n in nodes if n is not victim]
+
+        pgid = victim.process.pid
+        os.killpg(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert group_members(pgid) == [], "processes of the killed node survived SIGKILL"
+
+        # Killed mid-job: still the victim's claim, nothing charged (else this proves nothing).
+        (job,) = cluster.query("SELECT status, owner, attempt FROM jobs WHERE id = $1", job_id)
+        assert (job["status"], job["attempt"]) == ("running", 0)
+        assert cluster.query("SELECT id FROM usage_rows WHERE request_id = $1", job_id) == []
+
+        # The lease runs out (5 s), the survivor's reaper (every 5 s) hands the job back, its
+        # runner claims it and generates 1500 tokens.
+        ended = _wait_ended(client, [survivor.base_url], [job_id], 180, [survivor])
+        assert ended[job_id]["status"] == "succeeded", (ended, survivor.log_tail())
+        result = client.get(f"{survivor.base_url}/v1/completion-jobs/{job_id}/result")
+        assert result.status_code == 200, result.text
+        usage = result.json()["usage"]
+
+    (job,) = cluster.query("SELECT status, owner, attempt FROM jobs WHERE id = $1", job_id)
+    assert job["attempt"] == 1
+    assert _owner_node(cluster, job["owner"]) is survivor
+    rows = _usage_rows(cluster, record["id"], 1)
+    assert [(r["request_id"], r["status"]) for r in rows] == [(job_id, 200)]
+    assert (rows[0]["prompt_tokens"], rows[0]["completion_tokens"]) == (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
+    charged = _charged(survivor, record["prefix"])
+    assert charged == {
+        "requests": 1,
+        "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": usage["completion_tokens"],
+        "total_tokens": usage["total_tokens"],
+    }

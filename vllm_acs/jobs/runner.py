@@ -1,0 +1,212 @@
+"""JobRunner: claims queued jobs for this node's models, runs them under a lease, fences the end.
+
+API server process, one runner per process (an asyncio task on the server's loop). A claimed job
+keeps its lease while it runs (renewed every third of it); when a renewal fails the job was
+cancelled or handed to another owner, and it is stopped. The end is written fenced on (job,
+attempt, owner), so a slow or resurrected process never finishes a job twice. The reaper (leases
+that expired: a dead process) and the retention sweep run here too, off the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from datetime import datetime, timedelta, timezone
+
+from ..errors import InternalError, error_body
+from ..metrics import JOB_RUNS, REAPED_JOBS, RUNNING_JOBS
+from ..states import JobStatus
+from ..storage.jobs import Job, JobRepository
+from .kinds import HandBack, JobKind, JobOutcome, Stopped
+
+logger = logging.getLogger(__name__)
+# How long a stopping server waits for its running jobs to hand themselves back.
+CLOSE_TIMEOUT_S = 10.0
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_owner() -> str:
+    """This process's name in the jobs table: unique per start, so a restart is a new owner."""
+    return f"{socket.gethostname()[:24]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class JobRunner:
+    def __init__(
+        self,
+        repository: JobRepository,
+        kinds: Mapping[str, JobKind],
+        models: Callable[[], Collection[str]],
+        *,
+        concurrency: int = 32,
+        lease_s: float = 30.0,
+        poll_s: float = 0.5,
+        reap_every_s: float = 5.0,
+        sweep_every_s: float = 300.0,
+        clock: Callable[[], datetime] = utc_now,
+        owner: str | None = None,
+    ) -> None:
+        self.repository = repository
+        self.kinds = dict(kinds)
+        self.models = models
+        self.concurrency = concurrency
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.reap_every_s = reap_every_s
+        self.sweep_every_s = sweep_every_s
+        self.clock = clock
+        self.owner = owner or new_owner()
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._running: dict[str, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    def start(self) -> None:
+        self._loops = [
+            asyncio.create_task(self._claim_loop(), name="acs-jobs-claim"),
+            asyncio.create_task(self._maintenance_loop(), name="acs-jobs-maintenance"),
+        ]
+
+    def wake(self) -> None:
+        """A job was submitted on this node: look for work now rather than at the next poll."""
+        self._wake.set()
+
+    def stop_job(self, job_id: str) -> None:
+        """Stops a job this process runs (it was cancelled): its engine request is aborted."""
+        stop = self._running.get(job_id)
+        if stop is not None:
+            stop.set()
+
+    async def close(self) -> None:
+        """At shutdown: stops claiming; running jobs are stopped and handed back to the queue."""
+        self._closing = True
+        for task in self._loops:
+            task.cancel()
+        for stop in self._running.values():
+            stop.set()
+        tasks = [*self._loops, *self._tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+
+    async def _claim_loop(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                job = await self.repository.claim(
+                    self.owner, self.models(), self.clock(), self.lease_s, kinds=list(self.kinds)
+                )
+            except Exception:
+                logger.exception("claiming a job failed; retrying")
+                job = None
+            if job is None:
+                self._slots.release()
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                continue
+            task = asyncio.create_task(self._run(job), name=f"acs-job-{job.id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, job: Job) -> None:
+        stop = asyncio.Event()
+        self._running[job.id] = stop
+        RUNNING_JOBS.inc()
+        keeper = asyncio.create_task(self._keep_lease(job, stop))
+        try:
+            outcome = await self._outcome(job, stop)
+            keeper.cancel()
+            if isinstance(outcome, Stopped) and not self._closing:
+                JOB_RUNS.labels(kind=job.kind, outcome="stopped").inc()
+                return  # cancelled, or another owner has it now: nothing of ours to write
+            await self._record(job, outcome)
+        except Exception:
+            logger.exception("job %s: writing its end failed; its lease will expire", job.id)
+        finally:
+            RUNNING_JOBS.dec()
+            keeper.cancel()
+            self._running.pop(job.id, None)
+            self._slots.release()
+            self._wake.set()  # a slot is free: look for the next job at once
+
+    async def _outcome(self, job: Job, stop: asyncio.Event) -> JobOutcome | HandBack | Stopped:
+        try:
+            return await self.kinds[job.kind].run(job, stop)
+        except Exception:
+            logger.exception("job %s (%s) failed inside its kind", job.id, job.kind)
+            error = InternalError()
+            return JobOutcome(
+                JobStatus.FAILED, error.status, json.dumps(error_body(error, job.id)), error.code
+            )
+
+    async def _record(self, job: Job, outcome: JobOutcome | HandBack | Stopped) -> None:
+        now = self.clock()
+        if isinstance(outcome, Stopped | HandBack):
+            # Stopped here: the server is stopping, another process (or its restart) takes it.
+            delay = outcome.delay_s if isinstance(outcome, HandBack) else 0.0
+            later = now + timedelta(seconds=delay)
+            await self.repository.hand_back(job.id, job.attempt, self.owner, now, later)
+            JOB_RUNS.labels(kind=job.kind, outcome="handed_back").inc()
+            return
+        written = await self.repository.finish(
+            job.id,
+            job.attempt,
+            self.owner,
+            outcome.status,
+            now,
+            result_status=outcome.result_status,
+            result_body=outcome.result_body,
+            error_code=outcome.error_code,
+        )
+        JOB_RUNS.labels(
+            kind=job.kind, outcome=outcome.status.value if written else "fenced_out"
+        ).inc()
+        if not written:
+            logger.warning(
+                "job %s attempt %d: fenced out (cancelled, or handed to another owner); its "
+                "result was not written",
+                job.id,
+                job.attempt,
+            )
+
+    async def _keep_lease(self, job: Job, stop: asyncio.Event) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                ours = await self.repository.renew(
+                    job.id, job.attempt, self.owner, self.clock(), self.lease_s
+                )
+            except Exception:
+                logger.exception("renewing the lease of job %s failed", job.id)
+                continue
+            if not ours:
+                logger.info("job %s is no longer ours (cancelled or reaped): stopping it", job.id)
+                stop.set()
+                return
+
+    async def _maintenance_loop(self) -> None:
+        last_sweep = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                reaped = await self.repository.reap(self.clock())
+                if reaped:
+                    REAPED_JOBS.inc(len(reaped))
+                    logger.warning("handed back %d job(s) whose lease expired", len(reaped))
+                if loop.time() - last_sweep >= self.sweep_every_s:
+                    last_sweep = loop.time()
+                    report = await self.repository.sweep(self.clock())
+                    logger.debug("job retention sweep: %s", report)
+            except Exception:
+                logger.exception("job maintenance failed; retrying")
+            await asyncio.sleep(self.reap_every_s)

@@ -1,0 +1,182 @@
+"""IdempotencyMiddleware: a writing POST sent again with its Idempotency-Key gets the first answer.
+
+API server process, just inside Auth (records are scoped to the caller's key). Same key and body:
+the stored answer with `Idempotent-Replayed: true`; other body: `409 idempotency_conflict`; the
+first still in flight: `409 running`; the first ended without an answer: `409 no_answer`. A
+request refused before its work started (a 4xx) stores nothing. A route that writes its own rows
+may store the answer in the same transaction (`IdempotencyClaim.completed`), so an accepted job is
+never without its record (`IdempotencyClaim` on `scope["state"]`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+
+from ..errors import (
+    AcsError,
+    IdempotencyConflict,
+    IdempotencyNoAnswer,
+    IdempotencyRunning,
+    InvalidRequest,
+)
+from ..principal import PRINCIPAL_STATE_KEY, Principal
+from ..storage.idempotency import (
+    IDEMPOTENCY_STATE_KEY,
+    Existing,
+    IdempotencyClaim,
+    IdempotencyRecords,
+    IdempotencyTarget,
+    StoredAnswer,
+)
+from .asgi import ASGIApp, Message, Receive, Scope, Send, header, read_body, replay_body, send_error
+
+logger = logging.getLogger(__name__)
+
+REPLAYED_HEADER = b"idempotent-replayed"
+# 1-255 printable ASCII characters (shared/spec/DECISIONS.md).
+_KEY_PATTERN = re.compile(r"[\x20-\x7e]{1,255}")
+# Headers of the first answer that a replay repeats (the request id is the new request's own).
+_STORED_HEADERS = ("content-type", "location")
+# How long a record stays `running` without an answer before it reads as `no_answer` (a crash).
+RUNNING_LEASE_S = 120.0
+
+
+def fingerprint(route: str, body: bytes) -> str:
+    """The body's identity: canonical JSON (key order and spacing do not matter), else bytes."""
+    try:
+        canonical = json.dumps(
+            json.loads(body), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        ).encode()
+    except (ValueError, UnicodeDecodeError):
+        canonical = body
+    return hashlib.sha256(route.encode() + b"\n" + canonical).hexdigest()
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class IdempotencyMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        records: IdempotencyRecords,
+        routes: Mapping[str, bool],
+        *,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.app = app
+        self.records = records
+        # Path -> whether the key is required there (optional elsewhere).
+        self.routes = dict(routes)
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or scope.get("method") != "POST" or path not in self.routes:
+            await self.app(scope, receive, send)
+            return
+        principal = scope.get("state", {}).get(PRINCIPAL_STATE_KEY)
+        value = header(scope, b"idempotency-key")
+        try:
+            if value is None and self.routes[path]:
+                raise InvalidRequest(
+                    f"POST {path} needs an Idempotency-Key header (1-255 printable ASCII "
+                    "characters): a resent submit with the same key returns the first answer.",
+                    param="Idempotency-Key",
+                )
+            if value is not None and not _KEY_PATTERN.fullmatch(value):
+                raise InvalidRequest(
+                    "Idempotency-Key must be 1-255 printable ASCII characters.",
+                    param="Idempotency-Key",
+                )
+        except AcsError as error:
+            await send_error(scope, send, error)
+            return
+        if value is None or not isinstance(principal, Principal):
+            await self.app(scope, receive, send)
+            return
+        body = await read_body(receive)
+        target = IdempotencyTarget(principal.key_id, value)
+        found = await self.records.reserve(
+            target, path, fingerprint(path, body), self.clock(), RUNNING_LEASE_S
+        )
+        if isinstance(found, Existing):
+            await self._answer_existing(scope, send, found, fingerprint(path, body))
+            return
+        await self._first(scope, replay_body(body, receive), send, target)
+
+    async def _answer_existing(
+        self, scope: Scope, send: Send, found: Existing, wanted: str
+    ) -> None:
+        if found.fingerprint != wanted:
+            error: AcsError = IdempotencyConflict(
+                "This Idempotency-Key was used with another request body; use a new key for a "
+                "new request."
+            )
+        elif found.state == "done" and found.answer is not None:
+            await _send_stored(send, found.answer)
+            return
+        elif found.state == "running":
+            error = IdempotencyRunning(
+                "The first request with this Idempotency-Key is still running; retry shortly."
+            )
+        else:
+            error = IdempotencyNoAnswer(
+                "The first request with this Idempotency-Key ended without an answer to replay; "
+                "send the request again with a new key."
+            )
+        await send_error(scope, send, error)
+
+    async def _first(
+        self, scope: Scope, receive: Receive, send: Send, target: IdempotencyTarget
+    ) -> None:
+        claim = IdempotencyClaim(target)
+        scope.setdefault("state", {})[IDEMPOTENCY_STATE_KEY] = claim
+        status = 0
+        headers: list[tuple[bytes, bytes]] = []
+        chunks: list[bytes] = []
+
+        async def send_keeping(message: Message) -> None:
+            nonlocal status, headers
+            if message["type"] == "http.response.start":
+                status, headers = int(message["status"]), list(message.get("headers", ()))
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_keeping)
+        except BaseException:
+            if not claim.completed:
+                await self.records.abandon(target)
+            raise
+        if claim.completed:
+            return
+        if 400 <= status < 500 or status == 0:
+            # Refused before the work started (or nobody answered): nothing to replay.
+            await self.records.release(target)
+            return
+        answer = StoredAnswer(status, b"".join(chunks).decode("utf-8", "replace"), _kept(headers))
+        await self.records.complete(target, answer, self.clock())
+
+
+def _kept(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    return {
+        k.decode("latin-1").lower(): v.decode("latin-1")
+        for k, v in headers
+        if k.decode("latin-1").lower() in _STORED_HEADERS
+    }
+
+
+async def _send_stored(send: Send, answer: StoredAnswer) -> None:
+    payload = answer.body.encode()
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers.items()]
+    raw += [(b"content-length", str(len(payload)).encode()), (REPLAYED_HEADER, b"true")]
+    await send({"type": "http.response.start", "status": answer.status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,1 @@
+"""Completion jobs: POST/GET/DELETE /v1/completion-jobs."""

@@ -1,0 +1,81 @@
+"""POST /v1/completion-jobs, GET /v1/completion-jobs/{id}, GET .../{id}/result, DELETE .../{id}.
+
+API server process. Auth has put the principal on the request and the Idempotency middleware
+its claim (the key is required on the submit); every error is an `AcsError` in the envelope.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from ...errors import AcsError, InternalError
+from ...principal import PRINCIPAL_STATE_KEY, Principal
+from ...storage.idempotency import IDEMPOTENCY_STATE_KEY, IdempotencyClaim
+from ..error_response import error_response
+from .protocol import job_object
+from .service import JOBS_PATH, Answer, JobService
+
+REQUEST_ID_HEADER = "x-request-id"
+
+
+def _principal(request: Request) -> Principal:
+    principal = getattr(request.state, PRINCIPAL_STATE_KEY, None)
+    if not isinstance(principal, Principal):
+        raise InternalError()
+    return principal
+
+
+def _answer(answer: Answer) -> Response:
+    if isinstance(answer.body, str):
+        return Response(
+            answer.body, answer.status, headers=answer.headers, media_type="application/json"
+        )
+    return JSONResponse(answer.body, answer.status, headers=answer.headers)
+
+
+def build_router(service: JobService) -> APIRouter:
+    router = APIRouter(tags=["completion jobs"])
+
+    @router.post(JOBS_PATH, status_code=202)
+    async def submit(request: Request) -> Response:
+        try:
+            claim = getattr(request.state, IDEMPOTENCY_STATE_KEY, None)
+            if not isinstance(claim, IdempotencyClaim):  # the middleware requires the key here
+                raise InternalError()
+            answer = await service.submit(
+                await request.body(),
+                _principal(request),
+                claim.target,
+                request.headers.get(REQUEST_ID_HEADER),
+                request.headers.get("x-acs-workload"),
+            )
+            claim.completed = True  # stored with the job, in its transaction
+            return _answer(answer)
+        except AcsError as error:
+            return error_response(request, error)
+
+    @router.get(JOBS_PATH + "/{job_id}")
+    async def read(request: Request, job_id: str) -> Response:
+        try:
+            job = await service.get(job_id, _principal(request))
+            return JSONResponse(job_object(job).model_dump())
+        except AcsError as error:
+            return error_response(request, error)
+
+    @router.get(JOBS_PATH + "/{job_id}/result")
+    async def result(request: Request, job_id: str) -> Response:
+        try:
+            return _answer(await service.result(job_id, _principal(request)))
+        except AcsError as error:
+            return error_response(request, error)
+
+    @router.delete(JOBS_PATH + "/{job_id}")
+    async def cancel(request: Request, job_id: str) -> Response:
+        try:
+            job = await service.cancel(job_id, _principal(request))
+            return JSONResponse(job_object(job).model_dump())
+        except AcsError as error:
+            return error_response(request, error)
+
+    return router

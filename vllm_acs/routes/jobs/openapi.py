@@ -1,0 +1,97 @@
+"""The completion-jobs operations of /openapi.json: bounds, headers and every error answer.
+
+API server process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..openapi_parts import REF, error_doc, json_doc
+from .protocol import CompletionJob
+from .service import JOBS_PATH
+
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": True,
+    "description": "Sending the same submit again with the same key returns the first answer "
+    "(Idempotent-Replayed: true); another body with it is 409 idempotency_conflict",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
+}
+_RETRY = ("Retry-After", "retry-after-ms", "x-should-retry")
+
+
+def job_schemas() -> dict[str, Any]:
+    return {"CompletionJob": CompletionJob.model_json_schema(ref_template=REF)}
+
+
+def _submit() -> dict[str, Any]:
+    return {
+        "operationId": "createCompletionJob",
+        "summary": "Run one completion on the server; poll it, then fetch its result",
+        "parameters": [_IDEMPOTENCY_KEY],
+        "requestBody": {
+            "required": True,
+            "description": "A /v1/completions body without `stream`",
+            "content": {
+                "application/json": {"schema": {"$ref": REF.format(model="CompletionRequest")}}
+            },
+        },
+        "responses": {
+            "202": json_doc("The job, queued", "CompletionJob", "Location", "Idempotent-Replayed"),
+            "400": error_doc(400, "x-should-retry"),
+            "401": error_doc(401),
+            "403": error_doc(403),
+            "409": error_doc(409, *_RETRY),
+            "413": error_doc(413, "x-should-retry"),
+            "429": error_doc(429, *_RETRY),
+            "500": error_doc(500, "x-should-retry"),
+        },
+    }
+
+
+def _result() -> dict[str, Any]:
+    stored = "The error the job's completion answered with (stored), or this route's own"
+    responses: dict[str, Any] = {
+        "200": json_doc("The completion, as it answered", "Completion"),
+        "202": json_doc("The job has not ended yet", "CompletionJob", "Retry-After"),
+    }
+    for status in (400, 401, 403, 404, 429, 500, 502):
+        responses[str(status)] = {**error_doc(status, *_RETRY), "description": stored}
+    return {
+        "operationId": "getCompletionJobResult",
+        "parameters": [_JOB_ID],
+        "responses": responses,
+    }
+
+
+def job_paths() -> dict[str, Any]:
+    return {
+        JOBS_PATH: {"post": _submit()},
+        JOBS_PATH + "/{job_id}": {
+            "get": {
+                "operationId": "getCompletionJob",
+                "parameters": [_JOB_ID],
+                "responses": {
+                    "200": json_doc("The job: status and timestamps", "CompletionJob"),
+                    "401": error_doc(401),
+                    "404": error_doc(404),
+                    "500": error_doc(500),
+                },
+            },
+            "delete": {
+                "operationId": "cancelCompletionJob",
+                "parameters": [_JOB_ID],
+                "responses": {
+                    "200": json_doc("The job, cancelled", "CompletionJob"),
+                    "401": error_doc(401),
+                    "404": error_doc(404),
+                    "409": error_doc(409, "x-should-retry"),
+                    "500": error_doc(500),
+                },
+            },
+        },
+        JOBS_PATH + "/{job_id}/result": {"get": _result()},
+    }

@@ -1,0 +1,180 @@
+"""Submitting, reading, fetching and cancelling completion jobs, scoped to the caller's key.
+
+API server process. A submit is validated like a live completion (its 400s come at once and
+store nothing), takes a start of the key, and writes the job with its idempotency record in one
+transaction. The completion itself runs later, in the job runner (jobs/completion.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ...contract.completion_rules import validate_completion
+from ...errors import (
+    AcsError,
+    BadJson,
+    InvalidRequest,
+    JobAttemptsExhausted,
+    JobCapacity,
+    JobNotCancellable,
+    JobNotFound,
+    TrafficLimited,
+)
+from ...jobs.completion import KIND, job_request
+from ...jobs.runner import JobRunner
+from ...principal import Principal
+from ...served_model import NodeModels
+from ...settings import Settings
+from ...states import JobStatus
+from ...storage import Storage
+from ...storage.errors import JobCapacityReached, StartsExhausted
+from ...storage.idempotency import IdempotencyTarget, StoredAnswer
+from ...storage.jobs import ATTEMPTS_EXHAUSTED, Job, NewJob
+from .protocol import job_object, queued_object
+
+JOBS_PATH = "/v1/completion-jobs"
+# Bodies above this are validated in a worker thread (tokenizing would stall the loop).
+_INLINE_LIMIT_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: dict[str, Any] | str
+    headers: dict[str, str]
+
+
+class JobService:
+    """Bound to storage and the runner once the engine is up (`bind`, from init_state)."""
+
+    def __init__(self, models: NodeModels, settings: Settings, clock: Callable[[], datetime]):
+        self.models = models
+        self.settings = settings
+        self.clock = clock
+        self.storage: Storage | None = None
+        self.runner: JobRunner | None = None
+
+    def bind(self, storage: Storage, runner: JobRunner) -> None:
+        self.storage, self.runner = storage, runner
+
+    @property
+    def _storage(self) -> Storage:
+        if self.storage is None:
+            raise RuntimeError("vllm_acs jobs: storage is not open (init_state did not run)")
+        return self.storage
+
+    async def submit(
+        self,
+        raw: bytes,
+        principal: Principal,
+        idempotency: IdempotencyTarget,
+        request_id: str | None,
+        workload: str | None,
+    ) -> Answer:
+        body, model_id = await self._validated(raw, request_id)
+        try:
+            await self._storage.counters.take_start(principal)
+        except StartsExhausted as error:
+            raise TrafficLimited(
+                "This API key started too many requests in the last minute.",
+                code="rate_limited",
+                retry_after_ms=error.retry_after_ms,
+            ) from None
+        job = NewJob(
+            kind=KIND,
+            key_id=principal.key_id,
+            account_id=principal.account_id,
+            model=model_id,
+            request=job_request(body, principal, workload),
+            max_attempts=self.settings.job_max_attempts,
+        )
+        now = self.clock()
+        location = f"{JOBS_PATH}/{job.id}"
+        shown = queued_object(job.id, model_id, now).model_dump()
+        answer = StoredAnswer(
+            202, json.dumps(shown), {"content-type": "application/json", "location": location}
+        )
+        try:
+            await self._storage.jobs.submit(
+                job,
+                now,
+                max_unfinished=self.settings.max_jobs_per_key,
+                idempotency=idempotency,
+                answer=answer,
+            )
+        except JobCapacityReached as error:
+            raise JobCapacity(
+                f"This API key has {error.limit} jobs that have not ended, the most it may have; "
+                "wait for some to end, or cancel some."
+            ) from None
+        if self.runner is not None:
+            self.runner.wake()
+        return Answer(202, answer.body, {"location": location})  # the bytes a replay sends
+
+    async def _validated(self, raw: bytes, request_id: str | None) -> tuple[dict[str, Any], str]:
+        """The body as the client sent it, and the served model it names."""
+
+        def check() -> tuple[dict[str, Any], str]:
+            try:
+                data = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                raise BadJson("The request body is not valid JSON.") from None
+            if isinstance(data, dict) and data.get("stream") not in (None, False):
+                raise InvalidRequest(
+                    "A job's completion is not streamed: leave `stream` out and fetch the "
+                    "result from GET /v1/completion-jobs/{id}/result.",
+                    param="stream",
+                )
+            validated = validate_completion(data, self.models, self.settings, request_id)
+            return data, validated.model.id
+
+        if len(raw) <= _INLINE_LIMIT_BYTES:
+            return check()
+        return await asyncio.to_thread(check)
+
+    async def get(self, job_id: str, principal: Principal) -> Job:
+        job = await self._storage.jobs.get(job_id, principal.key_id)
+        if job is None:
+            raise JobNotFound(f"No completion job {job_id!r} for this API key.", param="job_id")
+        return job
+
+    async def result(self, job_id: str, principal: Principal) -> Answer:
+        job = await self.get(job_id, principal)
+        if job.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+            return Answer(202, job_object(job).model_dump(), {"retry-after": "1"})
+        if job.result_status is None or job.result_body is None:
+            raise _no_result(job)
+        return Answer(job.result_status, job.result_body, {})
+
+    async def cancel(self, job_id: str, principal: Principal) -> Job:
+        before = await self.get(job_id, principal)
+        job = before
+        if before.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+            job = await self._storage.jobs.cancel(job_id, principal.key_id, self.clock()) or job
+        if job.status != JobStatus.CANCELLED or before.status == JobStatus.CANCELLED:
+            raise JobNotCancellable(
+                f"The job has already ended (status {job.status.value}); only a queued or "
+                "running job can be cancelled."
+            )
+        if self.runner is not None:
+            self.runner.stop_job(job.id)
+        return job
+
+
+def _no_result(job: Job) -> AcsError:
+    if job.error_code == ATTEMPTS_EXHAUSTED:
+        return JobAttemptsExhausted(
+            f"The job was started {job.attempt} times and its node stopped each time before it "
+            "ended; submit it again with a new Idempotency-Key."
+        )
+    if job.status in (JobStatus.CANCELLED, JobStatus.EXPIRED):
+        return JobNotFound(f"The job ended {job.status.value} without a result.", param="job_id")
+    return JobNotFound(
+        "The job's result was deleted (results are kept 24 hours after the job ends).",
+        param="job_id",
+    )

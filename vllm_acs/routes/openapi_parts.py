@@ -1,0 +1,99 @@
+"""The pieces /openapi.json is made of: the error envelope, the headers, error and JSON answers.
+
+API server process. Shared by routes/openapi.py and each feature's own operations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import REQUEST_ID_PATTERN
+
+REF = "#/components/schemas/{model}"
+
+ERROR_ENVELOPE = {
+    "type": "object",
+    "required": ["error", "request_id"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string", "description": "The spec's error code"},
+            },
+        },
+        "request_id": {"type": "string", "description": "Equals the X-Request-Id header"},
+    },
+}
+
+HEADERS: dict[str, dict[str, Any]] = {
+    "X-Request-Id": {
+        "description": "The request's trace id (the client's when 1-64 of [A-Za-z0-9_-])",
+        "required": True,
+        "schema": {"type": "string", "pattern": f"^{REQUEST_ID_PATTERN.pattern}$"},
+    },
+    "X-Acs-Upstream-Model": {"description": "The checkpoint", "schema": {"type": "string"}},
+    "X-Acs-Upstream-Gpu": {"description": "The operator's gpu_shape", "schema": {"type": "string"}},
+    "X-Acs-Upstream-Error-Kind": {
+        "description": "Mirrors error.code on engine errors",
+        "schema": {"type": "string"},
+    },
+    "X-Acs-Max-Tokens-Clamped": {
+        "description": "requested=N,applied=M,reason=budget|deadline|deadline+budget,"
+        "source=client|default",
+        "schema": {"type": "string"},
+    },
+    "Retry-After": {"description": "Seconds before a retry", "schema": {"type": "string"}},
+    "retry-after-ms": {"description": "Milliseconds before a retry", "schema": {"type": "string"}},
+    "x-should-retry": {
+        "description": "false: resending cannot fix it",
+        "schema": {"type": "string"},
+    },
+    "Location": {"description": "The path of the job", "schema": {"type": "string"}},
+    "Idempotent-Replayed": {
+        "description": "true: the first answer to this Idempotency-Key, sent again",
+        "schema": {"type": "string", "enum": ["true"]},
+    },
+}
+
+ERROR_TEXT = {
+    400: "Invalid request (invalid_request, bad_json, model_not_found, context_length_exceeded, "
+    "deadline_infeasible, full_vocab_prompt_too_long, activation_prompt_too_long, "
+    "position_steering_unavailable, chat_completions_unsupported, vllm_invalid_request, "
+    "vllm_context_length)",
+    401: "No valid key (missing_authorization, invalid_api_key, key_revoked, key_disabled, "
+    "account_suspended, account_not_approved)",
+    403: "scope_denied: the key lacks the route's scope",
+    404: "Unknown route or id (not_found, model_not_found, job_not_found)",
+    409: "idempotency_conflict, no_answer, job_not_cancellable (x-should-retry: false); running "
+    "(Retry-After): the first request with this Idempotency-Key has not answered yet",
+    413: "request_too_large",
+    429: "budget_exceeded, activation_quota_exceeded, job_capacity (no Retry-After), queue_full, "
+    "rate_limited, spend_cap (Retry-After)",
+    500: "internal_error",
+    502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error; "
+    "capture_incomplete (retry after Retry-After), capture_rows_missing (not retryable))",
+}
+
+
+def headers_doc(*names: str) -> dict[str, Any]:
+    return {name: {"$ref": f"#/components/headers/{name}"} for name in ("X-Request-Id", *names)}
+
+
+def error_doc(status: int, *headers: str) -> dict[str, Any]:
+    return {
+        "description": ERROR_TEXT[status],
+        "headers": headers_doc(*headers),
+        "content": {"application/json": {"schema": {"$ref": REF.format(model="ErrorEnvelope")}}},
+    }
+
+
+def json_doc(description: str, schema_name: str, *headers: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "headers": headers_doc(*headers),
+        "content": {"application/json": {"schema": {"$ref": REF.format(model=schema_name)}}},
+    }
