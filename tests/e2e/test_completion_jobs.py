@@ -28,6 +28,9 @@ from vllm_acs.client import decode_residual_stream
 pytestmark = pytest.mark.e2e
 
 JOBS = "/v1/completion-jobs"
+# A key that may run nothing: its jobs are tried, find no slot and go back to the queue, so
+# they stay unfinished for as long as a test needs (`keys set --max-running 1` lets them run).
+FROZEN = ("--max-running", "0", "--max-waiting", "0")
 
 
 def until(condition: Callable[[], Any], what: str, timeout_s: float = 120.0) -> Any:
@@ -121,18 +124,14 @@ def test_submit_poll_fetch_with_the_openai_sdk(acs_server, api_key, openai_clien
 
 
 def test_the_result_is_202_with_retry_after_until_the_job_ends(acs_server):
-    # The key's only slot is taken and it may not wait: the job cannot end until it is free.
-    key = acs_server.create_key("jobs-pending", "--max-running", "1", "--max-waiting", "0")
-    context, _lines = _occupy(acs_server, key)
-    try:
-        job = submit(acs_server, key, {**BODY, "max_tokens": 1}).json()
-        early = read(acs_server, key, job["id"], "/result")
-        assert early.status_code == 202
-        assert early.headers["retry-after"] == "1"
-        assert early.json()["id"] == job["id"]
-    finally:
-        context.__exit__(None, None, None)
-    ended(acs_server, key, job["id"])
+    key = acs_server.create_key("jobs-pending", *FROZEN)
+    job = submit(acs_server, key, {**BODY, "max_tokens": 1}).json()
+    early = read(acs_server, key, job["id"], "/result")
+    assert early.status_code == 202
+    assert early.headers["retry-after"] == "1"
+    assert early.json()["id"] == job["id"]
+    acs_server.cli("keys", "set", key[:15], "--max-running", "1")
+    assert ended(acs_server, key, job["id"])["status"] == "succeeded"
     assert read(acs_server, key, job["id"], "/result").status_code == 200
 
 
@@ -230,40 +229,21 @@ def test_a_capture_job_returns_the_live_activations(acs_server, api_key, api):
     np.testing.assert_array_equal(decode_residual_stream(stored), decode_residual_stream(live))
 
 
-def _occupy(server: ServerProcess, key: str) -> tuple[Any, Any]:
-    """A long stream holding the key's only running slot; returns (context, lines)."""
-    context = httpx.stream(
-        "POST",
-        f"{server.base_url}/v1/completions",
-        json={**BODY, "max_tokens": 2000, "stream": True},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=120,
-    )
-    response = context.__enter__()
-    assert response.status_code == 200
-    lines = response.iter_lines()
-    next(lines)
-    return context, lines
-
-
 def test_cancel_a_queued_job(acs_server):
-    # No waiting place: the job's completion finds the slot taken and goes back to the queue.
-    key = acs_server.create_key("jobs-queued", "--max-running", "1", "--max-waiting", "0")
-    context, _lines = _occupy(acs_server, key)
-    try:
-        job = submit(acs_server, key, {**BODY, "max_tokens": 1}).json()
+    key = acs_server.create_key("jobs-queued", *FROZEN)
+    job = submit(acs_server, key, {**BODY, "max_tokens": 1}).json()
 
-        def handed_back() -> bool:
-            seen = read(acs_server, key, job["id"]).json()
-            return seen["status"] == "queued" and seen["started_at"] is not None
+    def handed_back() -> bool:
+        seen = read(acs_server, key, job["id"]).json()
+        return seen["status"] == "queued" and seen["started_at"] is not None
 
-        until(handed_back, "the job was tried and handed back to the queue")
-        cancelled = cancel(acs_server, key, job["id"])
-        assert cancelled.status_code == 200
-        assert cancelled.json()["status"] == "cancelled"
-    finally:
-        context.__exit__(None, None, None)
-    # The job stays cancelled though the slot is free now.
+    until(handed_back, "the job was tried and handed back to the queue")
+    cancelled = cancel(acs_server, key, job["id"])
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
+    acs_server.cli("keys", "set", key[:15], "--max-running", "1")
+    time.sleep(1.5)  # past the hand-back delay: a runner would have taken it by now
+    # The job stays cancelled though the key may run it now.
     assert read(acs_server, key, job["id"]).json()["status"] == "cancelled"
     again = cancel(acs_server, key, job["id"])
     assert (again.status_code, again.json()["error"]["code"]) == (409, "job_not_cancellable")
@@ -326,22 +306,20 @@ def small_node(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
 
 
 def test_job_capacity_per_key(small_node):
-    key = small_node.create_key("capacity", "--max-running", "1", "--max-waiting", "0")
+    key = small_node.create_key("capacity", *FROZEN)  # its jobs cannot run: they stay unfinished
     other = small_node.create_key("capacity-other")
-    context, _lines = _occupy(small_node, key)  # the key's jobs cannot run: they stay unfinished
-    try:
-        jobs = [submit(small_node, key, {**BODY, "max_tokens": 1}) for _ in range(3)]
-        assert [j.status_code for j in jobs] == [202] * 3
-        refused = submit(small_node, key, {**BODY, "max_tokens": 1})
-        assert refused.status_code == 429
-        assert refused.json()["error"]["code"] == "job_capacity"
-        assert refused.headers["x-should-retry"] == "false"
-        assert "retry-after" not in refused.headers
-        assert submit(small_node, other, {**BODY, "max_tokens": 1}).status_code == 202
-        assert cancel(small_node, key, jobs[0].json()["id"]).status_code == 200
-        assert submit(small_node, key, {**BODY, "max_tokens": 1}).status_code == 202
-    finally:
-        context.__exit__(None, None, None)
+    jobs = [submit(small_node, key, {**BODY, "max_tokens": 1}) for _ in range(3)]
+    assert [j.status_code for j in jobs] == [202] * 3
+    refused = submit(small_node, key, {**BODY, "max_tokens": 1})
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "job_capacity"
+    assert refused.headers["x-should-retry"] == "false"
+    assert "retry-after" not in refused.headers
+    assert submit(small_node, other, {**BODY, "max_tokens": 1}).status_code == 202
+    assert cancel(small_node, key, jobs[0].json()["id"]).status_code == 200
+    assert submit(small_node, key, {**BODY, "max_tokens": 1}).status_code == 202
+    for job in jobs[1:]:
+        cancel(small_node, key, job.json()["id"])
 
 
 def test_retention_with_the_operators_clock(small_node):
@@ -351,20 +329,16 @@ def test_retention_with_the_operators_clock(small_node):
     body, idem = {**BODY, "max_tokens": 1}, f"keep-{uuid.uuid4().hex}"
     done = submit(small_node, key, body, idem).json()
     assert ended(small_node, key, done["id"])["status"] == "succeeded"
-    # A queued job: its key's only slot is taken and it may not wait, so it keeps going back.
-    blocked = small_node.create_key("retention-blocked", "--max-running", "1", "--max-waiting", "0")
-    context, _lines = _occupy(small_node, blocked)
-    try:
-        queued = submit(small_node, blocked, body).json()
-        day_later = datetime.now(timezone.utc) + timedelta(hours=25)
+    blocked = small_node.create_key("retention-blocked", *FROZEN)
+    queued = submit(small_node, blocked, body).json()
+    day_later = datetime.now(timezone.utc) + timedelta(hours=25)
 
-        def expired() -> bool:
-            small_node.cli("jobs", "sweep", "--now", day_later.isoformat())
-            return read(small_node, blocked, queued["id"]).json()["status"] == "expired"
+    def expired() -> bool:
+        small_node.cli("jobs", "sweep", "--now", day_later.isoformat())
+        return read(small_node, blocked, queued["id"]).json()["status"] == "expired"
 
-        until(expired, "the queued job expires after 24 hours", timeout_s=60)
-    finally:
-        context.__exit__(None, None, None)
+    # A sweep that falls in the moment a runner tries the job finds it running: sweep again.
+    until(expired, "the queued job expires after 24 hours", timeout_s=60)
     assert read(small_node, blocked, queued["id"], "/result").status_code == 404
     # 25 hours after it ended, the result is deleted; the job and its idempotency record remain.
     assert read(small_node, key, done["id"]).json()["status"] == "succeeded"

@@ -82,20 +82,20 @@ def test_the_plugin_series_count_what_was_sent(acs_server):
                 target=lambda: queued.append(client.post("/v1/completions", json=BODY))
             )
             waiter.start()
-            seen: list[tuple[float, float]] = []
+            seen: list[tuple[float, float, float]] = []  # (running, waiting, when)
 
             def one_waits() -> bool:
+                started = time.monotonic()
                 samples = scrape(base)[0]
-                seen.append(
-                    (
-                        value(samples, "acs_running_requests"),
-                        value(samples, "acs_waiting_requests"),
-                    )
-                )
+                running = value(samples, "acs_running_requests")
+                seen.append((running, value(samples, "acs_waiting_requests"), started))
                 return seen[-1][1] == 1
 
-            until(one_waits, "the queued request shows in acs_waiting_requests")
-            assert seen[-1] == (1, 1), seen
+            try:
+                until(one_waits, "the queued request shows in acs_waiting_requests")
+            except AssertionError as error:
+                raise AssertionError(f"{error}; (running, waiting, at) seen: {seen}") from None
+            assert seen[-1][:2] == (1, 1), seen
         waiter.join(timeout=120)
         answers += queued
         refused = httpx.post(

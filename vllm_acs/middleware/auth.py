@@ -69,7 +69,7 @@ class AuthMiddleware:
                 )
             if principal is None:
                 raise Unauthorized("Invalid API key.", code="invalid_api_key")
-            needed = None if replay is not None else required_scope(path, self.route_scopes)
+            needed = None if isinstance(replay, Replay) else required_scope(path, self.route_scopes)
             if needed is not None and needed not in principal.scopes:
                 raise ScopeDenied(f"This API key does not have the `{needed}` scope.")
         except AcsError as error:
