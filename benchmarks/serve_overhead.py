@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks._node import tiny_node, unlimited_key
 from tests.harness import CHECKPOINT, MODEL_ID, ServerProcess
 
 PAIRS = int(os.environ.get("VLLM_ACS_BENCH_PAIRS", "300"))
@@ -62,17 +63,8 @@ def _client(server: ServerProcess, headers: dict[str, str]) -> httpx.Client:
 
 def measure() -> tuple[list[float], list[float]]:
     """(plain vLLM ms, plugin node ms), index i of each from the same pair."""
-    from vllm_acs.tiny_model import write_tiny_model
-
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_tiny_model(Path(tmp) / "tiny-llama")
-        home = Path(tmp) / "acs-home"
-        home.mkdir()
-        node = ServerProcess(
-            model_dir=model_dir,
-            log_path=home / "server.log",
-            env={"VLLM_ACS_HOME": str(home), "VLLM_ACS_GPU_SHAPE": "cpu-test"},
-        )
+        node = tiny_node(Path(tmp))
         plain: PlainVllm | None = None
         plain_ms: list[float] = []
         node_ms: list[float] = []
@@ -80,10 +72,9 @@ def measure() -> tuple[list[float], list[float]]:
             # One after the other: two engines starting at once would share the machine's cores.
             node.start()
             # Made once the node listens, so free_port() cannot hand out the node's port again.
-            plain = PlainVllm(model_dir=model_dir, log_path=Path(tmp) / "plain.log")
+            plain = PlainVllm(model_dir=node.model_dir, log_path=Path(tmp) / "plain.log")
             plain.start()
-            # A starts-per-minute limit far above the benchmark's rate: no request is refused.
-            secret = node.create_key("bench", "--starts-per-minute", "1000000")
+            secret = unlimited_key(node)
             with (
                 _client(plain, {}) as plain_client,
                 _client(node, {"Authorization": f"Bearer {secret}"}) as node_client,

@@ -155,6 +155,34 @@ def test_concurrent_claimers_on_two_nodes_take_each_job_once(database_url: str):
     _run(database_url, body)
 
 
+def test_claim_many_takes_the_oldest_in_one_statement_and_never_twice(database_url: str):
+    async def body(repo: JobRepository, _engine: AsyncEngine) -> None:
+        ids = [(await repo.submit(new(), at(i))).id for i in range(40)]
+        first = await repo.claim_many("node-1", ["tiny"], at(100), 30, limit=3)
+        assert [job.id for job in first] == ids[:3]
+        assert all(job.status == JobStatus.RUNNING and job.owner == "node-1" for job in first)
+        assert await repo.claim_many("node-1", ["tiny"], at(100), 30, limit=0) == []
+        other_engine = create_engine(database_url)
+        try:
+            nodes = [repo, JobRepository(other_engine)]
+
+            async def claimer(name: str, node: JobRepository) -> list[str]:
+                taken: list[str] = []
+                while batch := await node.claim_many(name, ["tiny"], at(101), 30, limit=4):
+                    taken += [job.id for job in batch]
+                return taken
+
+            results = await asyncio.gather(
+                *(claimer(f"node-{n}-{i}", nodes[n]) for n in range(2) for i in range(4))
+            )
+        finally:
+            await other_engine.dispose()
+        claimed = [job_id for taken in results for job_id in taken]
+        assert len(claimed) == len(set(claimed)) == 37 and set(claimed) == set(ids[3:])
+
+    _run(database_url, body)
+
+
 def test_not_before_is_respected_and_hand_back_keeps_the_attempt(database_url: str):
     async def body(repo: JobRepository, _engine: AsyncEngine) -> None:
         submitted = await repo.submit(new(), at(0))

@@ -28,6 +28,8 @@ from .kinds import HandBack, JobKind, JobOutcome, Stopped
 logger = logging.getLogger(__name__)
 # How long a stopping server waits for its running jobs to hand themselves back.
 CLOSE_TIMEOUT_S = 10.0
+# The most jobs one claim takes: one write for many when a burst arrives.
+CLAIM_BATCH = 16
 
 
 def utc_now() -> datetime:
@@ -65,7 +67,7 @@ class JobRunner:
         self.clock = clock
         self.owner = owner or new_owner()
         self._wake = asyncio.Event()
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slot_freed = asyncio.Event()
         self._running: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -100,27 +102,37 @@ class JobRunner:
 
     async def _claim_loop(self) -> None:
         while True:
-            await self._slots.acquire()
+            free = self.concurrency - len(self._running)
+            if free <= 0:
+                await self._slot_freed.wait()
+                self._slot_freed.clear()
+                continue
+            self._wake.clear()  # before the claim: a submit during it is not missed
             try:
-                job = await self.repository.claim(
-                    self.owner, self.models(), self.clock(), self.lease_s, kinds=list(self.kinds)
+                claimed = await self.repository.claim_many(
+                    self.owner,
+                    self.models(),
+                    self.clock(),
+                    self.lease_s,
+                    kinds=list(self.kinds),
+                    limit=min(free, CLAIM_BATCH),
                 )
             except Exception:
-                logger.exception("claiming a job failed; retrying")
-                job = None
-            if job is None:
-                self._slots.release()
-                self._wake.clear()
+                logger.exception("claiming jobs failed; retrying")
+                claimed = []
+            if not claimed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_s)
                 continue
-            task = asyncio.create_task(self._run(job), name=f"acs-job-{job.id}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            for job in claimed:
+                # Counted as running at once, so the next claim asks only for the free slots.
+                self._running[job.id] = asyncio.Event()
+                task = asyncio.create_task(self._run(job), name=f"acs-job-{job.id}")
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     async def _run(self, job: Job) -> None:
-        stop = asyncio.Event()
-        self._running[job.id] = stop
+        stop = self._running[job.id]
         RUNNING_JOBS.inc()
         keeper = asyncio.create_task(self._keep_lease(job, stop))
         try:
@@ -136,8 +148,7 @@ class JobRunner:
             RUNNING_JOBS.dec()
             keeper.cancel()
             self._running.pop(job.id, None)
-            self._slots.release()
-            self._wake.set()  # a slot is free: look for the next job at once
+            self._slot_freed.set()
 
     async def _outcome(self, job: Job, stop: asyncio.Event) -> JobOutcome | HandBack | Stopped:
         try:

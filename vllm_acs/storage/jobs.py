@@ -109,14 +109,29 @@ class JobRepository:
         lease_s: float,
         kinds: Collection[str] | None = None,
     ) -> Job | None:
-        """Takes the oldest due queued job of one of `models` (and `kinds`) under a lease.
+        """Takes the oldest due queued job of one of `models` (and `kinds`) under a lease."""
+        claimed = await self.claim_many(owner, models, now, lease_s, kinds, limit=1)
+        return claimed[0] if claimed else None
 
-        PostgreSQL skips rows another claimer has locked; SQLite holds the write lock."""
+    async def claim_many(
+        self,
+        owner: str,
+        models: Collection[str],
+        now: datetime,
+        lease_s: float,
+        kinds: Collection[str] | None = None,
+        *,
+        limit: int,
+    ) -> list[Job]:
+        """Takes up to `limit` of the oldest due queued jobs, oldest first, in one statement.
+
+        PostgreSQL skips rows another claimer has locked; SQLite holds the write lock. One
+        statement for many jobs keeps a busy node from queueing one write per job."""
         now = utc(now)
-        if not models or (kinds is not None and not kinds):
-            return None
+        if limit < 1 or not models or (kinds is not None and not kinds):
+            return []
         c = jobs.c
-        candidate = (
+        candidates = (
             select(c.id)
             .where(
                 c.status == JobStatus.QUEUED.value,
@@ -124,14 +139,17 @@ class JobRepository:
                 or_(c.not_before.is_(None), c.not_before <= now),
             )
             .order_by(c.created_at, c.id)
-            .limit(1)
+            .limit(limit)
             .with_for_update(skip_locked=True)
         )
         if kinds is not None:
-            candidate = candidate.where(c.kind.in_(sorted(kinds)))
+            candidates = candidates.where(c.kind.in_(sorted(kinds)))
+        # A materialized CTE: PostgreSQL runs the LIMIT ... SKIP LOCKED pick once (as a plain
+        # IN subquery it may run it again per row and take more than `limit`).
+        picked = candidates.cte("picked").prefix_with("MATERIALIZED", dialect="postgresql")
         statement = (
             update(jobs)
-            .where(c.id == candidate.scalar_subquery(), c.status == JobStatus.QUEUED.value)
+            .where(c.id.in_(select(picked.c.id)), c.status == JobStatus.QUEUED.value)
             .values(
                 status=JobStatus.RUNNING.value,
                 owner=owner,
@@ -142,8 +160,9 @@ class JobRepository:
             .returning(*c)
         )
         async with write_transaction(self._engine) as conn:
-            row = (await conn.execute(statement)).first()
-        return None if row is None else job_from_row(row)
+            rows = (await conn.execute(statement)).all()
+        claimed = [job_from_row(row) for row in rows]
+        return sorted(claimed, key=lambda job: (job.created_at, job.id))
 
     async def _fenced(
         self, job_id: str, attempt: int, owner: str, now: datetime, values: dict[str, Any]

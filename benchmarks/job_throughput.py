@@ -1,0 +1,254 @@
+"""Throughput of completion jobs against the same completions sent live, on one node.
+
+In one run: a real `vllm-acs serve` node of the tiny model (as tests/harness.py starts it) on
+loopback, one key (starts per minute far above the rate, default running slots). Each round sends
+the same N one-token completions (VLLM_ACS_BENCH_JOBS, default 200) two ways:
+
+- live: `POST /v1/completions`, 16 in flight at a time; completed per second from the first send
+  to the last answer;
+- jobs: all N submitted at once to `POST /v1/completion-jobs` (distinct Idempotency-Keys, over
+  SUBMIT_CONNECTIONS connections), then polled with `GET /v1/completion-jobs/{id}` by a few
+  pollers (each job at most every 100 ms, in the order the 202s came back, a global cap on GETs
+  per second) until every job ended; completed per second from the first submit to the last job
+  seen ended, and the p50 from a job's submit to seeing it `succeeded` (client-side clocks). A
+  job that ends in any other status is an error.
+
+Rounds alternate the order (live then jobs, jobs then live), VLLM_ACS_BENCH_ROUNDS of them
+(default 2). Run: `python -m benchmarks.job_throughput` (under two minutes on two cores, most of
+it starting the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from benchmarks._node import tiny_node, unlimited_key
+from tests.harness import MODEL_ID, ServerProcess
+
+JOBS = int(os.environ.get("VLLM_ACS_BENCH_JOBS", "200"))
+ROUNDS = int(os.environ.get("VLLM_ACS_BENCH_ROUNDS", "2"))
+LIVE_IN_FLIGHT = 16
+WARMUP = 16
+JOBS_PATH = "/v1/completion-jobs"
+# Polling: a bounded set of pollers, each job at most every POLL_INTERVAL_S, and at most
+# POLL_RATE GETs per second in all, so the polling itself stays a small part of the server's work
+# (200 jobs polled every 100 ms each would be 2000 GETs/s, far more than the completions).
+POLLERS = 4
+POLL_INTERVAL_S = 0.1
+POLL_RATE = float(os.environ.get("VLLM_ACS_BENCH_POLL_RATE", "200"))
+# The submits all start at once but share this many connections: one httpx client holding 200
+# connections read the 202s late (measured: the node had written every 202 ~2 s before the client
+# got the last ones), which timed the client, not the node; 32 keeps that lag to milliseconds.
+SUBMIT_CONNECTIONS = 32
+# A job still unfinished after this long means the node is stuck: stop with an error.
+JOBS_TIMEOUT_S = 600.0
+ENDED = frozenset({"succeeded", "failed", "cancelled", "expired"})
+
+
+def _body(i: int) -> dict[str, object]:
+    return {"model": MODEL_ID, "prompt": f"Job {i}: the sky is", "max_tokens": 1}
+
+
+def _client(server: ServerProcess, secret: str, connections: int) -> httpx.AsyncClient:
+    # trust_env=False: a proxy from the environment must not sit between the client and loopback.
+    return httpx.AsyncClient(
+        base_url=server.base_url,
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=120,
+        trust_env=False,
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+    )
+
+
+@dataclass
+class JobsResult:
+    per_s: float
+    p50_ms: float
+    polls: int
+
+
+@dataclass
+class _Pending:
+    """One submitted job as the client sees it."""
+
+    id: str
+    # perf_counter when its submit started (all at once; it may then wait for a connection).
+    submitted: float
+    next_poll: float = 0.0
+    polling: bool = False
+    status: str = "queued"
+    seen_ended: float | None = None
+    detail: dict[str, object] = field(default_factory=dict)
+
+
+async def _complete(client: httpx.AsyncClient, i: int) -> None:
+    response = await client.post("/v1/completions", json=_body(i))
+    if response.status_code != 200:
+        raise RuntimeError(f"/v1/completions answered {response.status_code}: {response.text}")
+
+
+async def run_live(server: ServerProcess, secret: str, count: int = JOBS) -> float:
+    """Completions per second, LIVE_IN_FLIGHT at a time, first send to last answer."""
+    async with _client(server, secret, LIVE_IN_FLIGHT) as client:
+        gate = asyncio.Semaphore(LIVE_IN_FLIGHT)
+
+        async def one(i: int) -> None:
+            async with gate:
+                await _complete(client, i)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(count)))
+        return count / (time.perf_counter() - started)
+
+
+async def _submit(client: httpx.AsyncClient, i: int, tag: str, pending: list[_Pending]) -> None:
+    headers = {"Idempotency-Key": f"bench-{tag}-{i}"}
+    sent = time.perf_counter()
+    response = await client.post(JOBS_PATH, json=_body(i), headers=headers)
+    if response.status_code != 202:
+        raise RuntimeError(f"submit {i} answered {response.status_code}: {response.text}")
+    job = _Pending(id=response.json()["id"], submitted=sent)
+    job.next_poll = time.perf_counter()
+    pending.append(job)
+
+
+async def run_jobs(server: ServerProcess, secret: str, tag: str, count: int = JOBS) -> JobsResult:
+    """All `count` submitted at once, then polled until every one ended; all must succeed."""
+    pending: list[_Pending] = []  # in the order the submits were answered
+    submitting = True
+    polls = 0
+    # One shared "next GET not before" time: the global POLL_RATE cap across the pollers.
+    next_slot = time.perf_counter()
+
+    async def poller(client: httpx.AsyncClient, deadline: float) -> None:
+        nonlocal polls, next_slot
+        while True:
+            now = time.perf_counter()
+            if now > deadline:
+                raise RuntimeError(f"jobs not ended after {JOBS_TIMEOUT_S}s")
+            open_jobs = [job for job in pending if job.seen_ended is None]
+            if not open_jobs and not submitting:
+                return
+            # In the order the 202s came back: the runner claims in the order the node accepted
+            # the submits, which that order follows closely (the order the submits were started
+            # in does not: they race through the node, so polling by it lagged ends by ~0.7 s).
+            due = next((j for j in open_jobs if not j.polling and j.next_poll <= now), None)
+            if due is None:
+                await asyncio.sleep(0.005)
+                continue
+            due.polling = True
+            slot = max(next_slot, now)
+            next_slot = slot + 1 / POLL_RATE
+            if slot > now:
+                await asyncio.sleep(slot - now)
+            response = await client.get(f"{JOBS_PATH}/{due.id}")
+            seen = time.perf_counter()
+            polls += 1
+            due.polling = False
+            due.next_poll = seen + POLL_INTERVAL_S
+            if response.status_code != 200:
+                raise RuntimeError(f"GET job {due.id} answered {response.status_code}")
+            due.detail = response.json()
+            due.status = str(due.detail["status"])
+            if due.status in ENDED:
+                due.seen_ended = seen
+
+    async with (
+        _client(server, secret, min(count, SUBMIT_CONNECTIONS)) as submit_client,
+        _client(server, secret, POLLERS) as poll_client,
+    ):
+        started = time.perf_counter()
+        # Polling starts with the first answered submit, as a client polling each job it got.
+        pollers = [
+            asyncio.create_task(poller(poll_client, started + JOBS_TIMEOUT_S))
+            for _ in range(POLLERS)
+        ]
+        try:
+            await asyncio.gather(*(_submit(submit_client, i, tag, pending) for i in range(count)))
+            submitting = False
+            await asyncio.gather(*pollers)
+        finally:
+            for task in pollers:
+                task.cancel()
+    bad = [job for job in pending if job.status != "succeeded"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {count} jobs did not succeed, e.g. {bad[0].detail}")
+    ends = [job.seen_ended for job in pending if job.seen_ended is not None]
+    wall = max(ends) - started
+    latencies = [(end - job.submitted) * 1000 for job in pending if (end := job.seen_ended)]
+    return JobsResult(count / wall, statistics.median(latencies), polls)
+
+
+@dataclass
+class Round:
+    order: str
+    live_per_s: float
+    jobs: JobsResult
+
+    @property
+    def ratio(self) -> float:
+        return self.jobs.per_s / self.live_per_s
+
+
+async def _rounds(server: ServerProcess, secret: str) -> list[Round]:
+    # Warm both paths (tokenizer, engine, SQLite pages) so round 1 does not pay first-use costs.
+    await run_live(server, secret, WARMUP)
+    await run_jobs(server, secret, "warmup", count=WARMUP)
+    rounds = []
+    for r in range(ROUNDS):
+        tag = f"{r}-{uuid.uuid4().hex[:8]}"
+        # Alternating the order, so neither side always runs second (after the other's load).
+        if r % 2 == 0:
+            live = await run_live(server, secret)
+            jobs = await run_jobs(server, secret, tag)
+            rounds.append(Round("live, jobs", live, jobs))
+        else:
+            jobs = await run_jobs(server, secret, tag)
+            live = await run_live(server, secret)
+            rounds.append(Round("jobs, live", live, jobs))
+    return rounds
+
+
+def measure() -> list[Round]:
+    with tempfile.TemporaryDirectory() as tmp:
+        node = tiny_node(Path(tmp))
+        try:
+            node.start()
+            secret = unlimited_key(node)
+            return asyncio.run(_rounds(node, secret))
+        finally:
+            node.stop()
+
+
+def main() -> None:
+    rounds = measure()
+    print(f"{JOBS} one-token completions per side and round, one node (tiny model), loopback.")
+    print(
+        f"live: {LIVE_IN_FLIGHT} in flight; jobs: all submitted at once over {SUBMIT_CONNECTIONS} "
+        f"connections, polled by {POLLERS} pollers (each job every >= "
+        f"{POLL_INTERVAL_S * 1000:.0f} ms, <= {POLL_RATE:.0f} GET/s)."
+    )
+    print(
+        f"{'round':<6} {'order':<11} {'live req/s':>10} {'jobs/s':>8} {'jobs/live':>9} "
+        f"{'p50 submit->succeeded ms':>25} {'GETs':>6}"
+    )
+    for i, r in enumerate(rounds, 1):
+        print(
+            f"{i:<6} {r.order:<11} {r.live_per_s:10.2f} {r.jobs.per_s:8.2f} {r.ratio:9.3f} "
+            f"{r.jobs.p50_ms:25.1f} {r.jobs.polls:6d}"
+        )
+    ratio = statistics.median(r.ratio for r in rounds)
+    print(f"median ratio jobs/live: {ratio:.3f} (target >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()
