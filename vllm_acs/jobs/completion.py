@@ -15,7 +15,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ..errors import AcsError, Unauthorized, error_body
+from ..errors import ERROR_CODE_STATE_KEY, AcsError, Unauthorized, error_body
 from ..key_auth import checked_principal
 from ..principal import REPLAY_SCOPE_KEY, KeyLimits, Principal, Replay
 from ..settings import Settings
@@ -62,13 +62,8 @@ class _Answer:
     def body(self) -> bytes:
         return b"".join(self.chunks)
 
-    def error_code(self) -> str | None:
-        if self.status < 400:
-            return None
-        try:
-            return str(json.loads(self.body)["error"]["code"])
-        except (ValueError, KeyError, TypeError):
-            return None
+    # The spec code the pipeline answered with (it notes it on the scope's state), if any.
+    code: str | None = None
 
 
 class CompletionJobKind:
@@ -89,7 +84,7 @@ class CompletionJobKind:
         answer = await self._replay(job, principal, request, stop)
         if stop.is_set():
             return Stopped()
-        code = answer.error_code()
+        code = answer.code
         if answer.status == 429 and code == "queue_full":
             return HandBack(QUEUE_FULL_RETRY_S)
         status = JobStatus.SUCCEEDED if answer.status == 200 else JobStatus.FAILED
@@ -151,4 +146,5 @@ class CompletionJobKind:
                 answer.chunks.append(message.get("body", b""))
 
         await self.app(scope, receive, send)
+        answer.code = scope["state"].get(ERROR_CODE_STATE_KEY) or None
         return answer

@@ -7,22 +7,17 @@ that failed here. Long prompts are tokenized off the event loop.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 
-from ..contract.completion_rules import validate_completion
-from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
-from ..errors import AcsError, BadJson
+from ..contract.body_validation import validate_body
+from ..contract.validated import VALIDATED_COMPLETION_KEY
+from ..errors import AcsError
 from ..metrics import VALIDATION_SECONDS
 from ..served_model import NodeModels
 from ..settings import Settings
 from .asgi import ASGIApp, Receive, Scope, Send, header, read_body, request_id, send_error
 
 COMPLETIONS_PATH = "/v1/completions"
-# Bodies above this are parsed and validated in a worker thread: parsing and tokenizing them
-# would stall other requests.
-_INLINE_LIMIT_BYTES = 16 * 1024
 
 
 class StrictValidationMiddleware:
@@ -42,7 +37,7 @@ class StrictValidationMiddleware:
         body = await read_body(receive)
         started = time.perf_counter()
         try:
-            validated = await self._validate(body, request_id(scope))
+            _, validated = await validate_body(body, self.models, self.settings, request_id(scope))
         except AcsError as error:
             VALIDATION_SECONDS.observe(time.perf_counter() - started)
             await send_error(scope, send, error)
@@ -51,15 +46,3 @@ class StrictValidationMiddleware:
         validated.workload = header(scope, b"x-acs-workload")
         scope.setdefault("state", {})[VALIDATED_COMPLETION_KEY] = validated
         await self.app(scope, receive, send)
-
-    async def _validate(self, body: bytes, rid: str | None) -> ValidatedCompletion:
-        if len(body) <= _INLINE_LIMIT_BYTES:
-            return self._parse_and_validate(body, rid)
-        return await asyncio.to_thread(self._parse_and_validate, body, rid)
-
-    def _parse_and_validate(self, body: bytes, rid: str | None) -> ValidatedCompletion:
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            raise BadJson("The request body is not valid JSON.") from None
-        return validate_completion(data, self.models, self.settings, rid)

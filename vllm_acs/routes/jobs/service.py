@@ -7,17 +7,15 @@ transaction. The completion itself runs later, in the job runner (jobs/completio
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ...contract.completion_rules import validate_completion
+from ...contract.body_validation import validate_body
 from ...errors import (
     AcsError,
-    BadJson,
     InvalidRequest,
     JobAttemptsExhausted,
     JobCapacity,
@@ -38,8 +36,6 @@ from ...storage.jobs import ATTEMPTS_EXHAUSTED, Job, NewJob
 from .protocol import job_object, queued_object
 
 JOBS_PATH = "/v1/completion-jobs"
-# Bodies above this are validated in a worker thread (tokenizing would stall the loop).
-_INLINE_LIMIT_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -118,24 +114,14 @@ class JobService:
 
     async def _validated(self, raw: bytes, request_id: str | None) -> tuple[dict[str, Any], str]:
         """The body as the client sent it, and the served model it names."""
-
-        def check() -> tuple[dict[str, Any], str]:
-            try:
-                data = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
-                raise BadJson("The request body is not valid JSON.") from None
-            if isinstance(data, dict) and data.get("stream") not in (None, False):
-                raise InvalidRequest(
-                    "A job's completion is not streamed: leave `stream` out and fetch the "
-                    "result from GET /v1/completion-jobs/{id}/result.",
-                    param="stream",
-                )
-            validated = validate_completion(data, self.models, self.settings, request_id)
-            return data, validated.model.id
-
-        if len(raw) <= _INLINE_LIMIT_BYTES:
-            return check()
-        return await asyncio.to_thread(check)
+        data, validated = await validate_body(raw, self.models, self.settings, request_id)
+        if validated.stream:
+            raise InvalidRequest(
+                "A job's completion is not streamed: leave `stream` out and fetch the result "
+                "from GET /v1/completion-jobs/{id}/result.",
+                param="stream",
+            )
+        return data, validated.model.id
 
     async def get(self, job_id: str, principal: Principal) -> Job:
         job = await self._storage.jobs.get(job_id, principal.key_id)
