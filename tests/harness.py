@@ -143,6 +143,27 @@ class ServerProcess:
             self.cli("accounts", "create", account, "--approved")
         return self.cli("keys", "create", "--account", account, *key_args)
 
+    def metric(self, name: str) -> float:
+        """The sum of the samples called `name` in the node's `/metrics` (0 when it has none)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        response = httpx.get(f"{self.base_url}/metrics", timeout=30, trust_env=False)
+        response.raise_for_status()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples
+            if sample.name == name
+        )
+
+    def wait_for_metric(self, name: str, value: float, timeout_s: float = 30.0) -> None:
+        """Until the node's `name` reads `value`; an AssertionError with the log tail if never."""
+        deadline = time.monotonic() + timeout_s
+        while (seen := self.metric(name)) != value:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} is {seen}, not {value}:\n{self.log_tail()}")
+            time.sleep(0.2)
+
     def log_tail(self, lines: int = 60) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])

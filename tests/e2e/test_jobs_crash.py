@@ -26,8 +26,11 @@ pytestmark = pytest.mark.e2e
 # Short, so that the restarted node's reaper finds the dead node's lease expired at once (a node
 # takes longer than this to start) and the test never waits out a 30 s default.
 JOB_LEASE_MS = 3000
-# Long enough that the job is still generating when it is killed (seconds on the tiny model).
-LONG_BODY = {"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 1500, "temperature": 0}
+# A key whose requests wait in its queue and never run (no running slot, a queue place): the
+# claimed job's run waits for as long as the node lives, so the kill lands mid-job however fast
+# the machine generates. `keys set --max-running 1` lets the restarted node run it.
+HELD_AT_ADMISSION = ("--max-running", "0", "--max-waiting", "4")
+BODY = {"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 64, "temperature": 0}
 ENDED = {"succeeded", "failed", "cancelled", "expired"}
 
 
@@ -83,16 +86,17 @@ def test_a_killed_node_leaves_its_job_to_the_restart_which_runs_it_once(
     home = tmp_path_factory.mktemp("jobs-crash-home")
     first = _node(tiny_model_dir, home, "node-first")
     with started(first):
-        record = first.create_key_record("jobs-crash")
+        record = first.create_key_record("jobs-crash", *HELD_AT_ADMISSION)
         auth = {"Authorization": f"Bearer {record['key']}"}
         with httpx.Client(base_url=first.base_url, headers=auth, timeout=60) as client:
             submitted = client.post(
-                "/v1/completion-jobs", json=LONG_BODY, headers={"Idempotency-Key": "crash-1"}
+                "/v1/completion-jobs", json=BODY, headers={"Idempotency-Key": "crash-1"}
             )
             assert submitted.status_code == 202, submitted.text
             job_id = submitted.json()["id"]
             assert submitted.headers["location"] == f"/v1/completion-jobs/{job_id}"
             _wait_status(client, job_id, {"running"}, 60, first)
+            first.wait_for_metric("acs_waiting_requests", 1)  # the claimed job's run, waiting
 
         pgid = first.process.pid
         os.killpg(pgid, signal.SIGKILL)
@@ -109,12 +113,14 @@ def test_a_killed_node_leaves_its_job_to_the_restart_which_runs_it_once(
     assert (row["status"], row["attempt"]) == ("running", 0)
     assert _sqlite(home, "SELECT id FROM usage_rows WHERE request_id = ?", job_id) == []
 
+    # While no node runs: the key may run from now on.
+    first.cli("keys", "set", record["prefix"], "--max-running", "1")
     second = _node(tiny_model_dir, home, "node-second")
     assert second.port != first.port
     with started(second):
         with httpx.Client(base_url=second.base_url, headers=auth, timeout=60) as client:
             # The lease has expired by the time the node is up; then the reaper (every 5 s), the
-            # claim and 1500 tokens of generation on a loaded machine.
+            # claim and the generation on a loaded machine.
             job = _wait_status(client, job_id, ENDED, 240, second)
             assert job["status"] == "succeeded", (job, second.log_tail())
             assert job["result_status"] == 200
