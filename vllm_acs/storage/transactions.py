@@ -1,16 +1,18 @@
 """Write transactions that take the database's write lock up front, and the UTC clock checks.
 
-Used by the job and idempotency repositories in the API server process. Every time they store is
-given by the caller (`now`), never read here: the tests drive an explicit clock.
+Used by the job, idempotency and usage repositories in the API server process. Every time they
+store is given by the caller (`now`), never read here: the tests drive an explicit clock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 # The two-key advisory lock space does not overlap the one-key space of the migration lock.
@@ -18,15 +20,39 @@ _KEY_LOCK_SPACE = 7356124
 _KEY_LOCK = text("SELECT pg_advisory_xact_lock(:space, hashtext(:key))")
 
 
+# One SQLite writer at a time per engine and event loop (see write_transaction).
+_SQLITE_WRITERS: weakref.WeakKeyDictionary[Engine, dict[asyncio.AbstractEventLoop, asyncio.Lock]]
+_SQLITE_WRITERS = weakref.WeakKeyDictionary()
+
+
 @contextlib.asynccontextmanager
 async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """One transaction that commits on success. On SQLite it is `BEGIN IMMEDIATE`: a deferred
-    transaction that reads before it writes fails with SQLITE_BUSY when another writer went first
-    (WAL), instead of waiting out the busy timeout."""
-    async with engine.begin() as conn:
-        if conn.dialect.name == "sqlite":
-            await conn.exec_driver_sql("BEGIN IMMEDIATE")
+    """One transaction that commits on success.
+
+    On SQLite it is `BEGIN IMMEDIATE`: a deferred transaction that reads before it writes fails
+    with SQLITE_BUSY when another writer went first (WAL), instead of waiting out the busy timeout.
+    And the writers of this process take their turns on an asyncio lock before they take a pooled
+    connection: SQLite has one write lock, and writers contending for it inside SQLite wait in its
+    busy handler's sleeps (up to 100 ms each), which leave the lock idle while work queues up.
+    Other processes (the CLI) still meet the busy timeout."""
+    if engine.dialect.name != "sqlite":
+        async with engine.begin() as conn:
+            yield conn
+        return
+    async with _sqlite_writer_lock(engine), engine.begin() as conn:
+        await conn.exec_driver_sql("BEGIN IMMEDIATE")
         yield conn
+
+
+def _sqlite_writer_lock(engine: AsyncEngine) -> asyncio.Lock:
+    per_loop = _SQLITE_WRITERS.setdefault(engine.sync_engine, {})
+    loop = asyncio.get_running_loop()
+    lock = per_loop.get(loop)
+    if lock is None:
+        for stale in [other for other in per_loop if other.is_closed()]:
+            del per_loop[stale]
+        lock = per_loop[loop] = asyncio.Lock()
+    return lock
 
 
 async def serialize_per_key(conn: AsyncConnection, key_id: str) -> None:

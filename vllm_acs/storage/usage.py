@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .periods import all_lines, counter_with_period, month_of, reservation
 from .tables import budget_counters, usage_rows
+from .transactions import write_transaction
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class UsageRepository:
         if not rows:
             return
         values = [{**asdict(row), "period": month_of(row.created_at)} for row in rows]
-        async with self._engine.begin() as conn:
+        async with write_transaction(self._engine) as conn:
             await conn.execute(usage_rows.insert(), values)
             await _add_to_counters(conn, counter_increments(rows))
 
