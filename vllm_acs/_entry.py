@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from starlette.datastructures import State
 
     from .jobs.runner import JobRunner
+    from .routes.harvest.service import HarvestService
     from .routes.jobs.service import JobService
     from .settings import Settings
     from .storage import Storage
@@ -69,12 +70,15 @@ class AcsEndpointPlugin:
         self.plugins: PluginManager | None = None
         self.app: FastAPI | None = None
         self.jobs: JobService | None = None
+        self.harvests: HarvestService | None = None
         self.runner: JobRunner | None = None
+        self.engine_client: Any = None
 
     def attach_router(self, app: FastAPI) -> None:
         from starlette.middleware.gzip import GZipMiddleware
 
         from . import __version__
+        from .contract.harvest_request import HARVEST_BODY_LIMIT_BYTES
         from .contract.routes import Surface
         from .jobs.runner import utc_now
         from .middleware.activation_response import ActivationResponseMiddleware
@@ -89,6 +93,8 @@ class AcsEndpointPlugin:
         from .middleware.strict_validation import StrictValidationMiddleware
         from .middleware.usage_chunk import UsageChunkMiddleware
         from .plugins import build_plugin_manager
+        from .routes.harvest.api_router import build_router as build_harvest_router
+        from .routes.harvest.service import HARVEST_PATH, HarvestService
         from .routes.jobs.api_router import build_router as build_jobs_router
         from .routes.jobs.service import JobService
         from .routes.models.api_router import build_router
@@ -107,6 +113,8 @@ class AcsEndpointPlugin:
         self.app = app
         self.jobs = JobService(self.models, settings, utc_now)
         app.include_router(build_jobs_router(self.jobs))
+        self.harvests = HarvestService(self.models, settings, utc_now)
+        app.include_router(build_harvest_router(self.harvests))
         document = build_openapi(settings, __version__)
         app.openapi = lambda: document  # type: ignore[method-assign]
         surface = Surface(settings.expose_vllm_routes, metrics=settings.expose_metrics)
@@ -118,7 +126,11 @@ class AcsEndpointPlugin:
         app.add_middleware(StrictValidationMiddleware, models=self.models, settings=settings)
         app.add_middleware(DeferredMiddleware, build=self._idempotency)
         app.add_middleware(AuthMiddleware, plugin_manager=self.plugins)
-        app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.body_limit_bytes)
+        app.add_middleware(
+            BodyLimitMiddleware,
+            limit_bytes=settings.body_limit_bytes,
+            route_limits={HARVEST_PATH: HARVEST_BODY_LIMIT_BYTES},
+        )
         app.add_middleware(ErrorEnvelopeMiddleware)
         app.add_middleware(GZipMiddleware, minimum_size=500)
         _outside_everything(
@@ -138,19 +150,25 @@ class AcsEndpointPlugin:
 
     def _idempotency(self, inner: Any) -> Any:
         from .middleware.idempotency import IdempotencyMiddleware
+        from .routes.harvest.service import HARVEST_PATH
         from .routes.jobs.service import JOBS_PATH
 
         if self.storage is None:
             raise RuntimeError("vllm_acs storage is not open: init_state did not run")
         # Path -> whether the key is required there (shared/spec/DECISIONS.md).
-        return IdempotencyMiddleware(inner, self.storage.idempotency, {JOBS_PATH: True})
+        return IdempotencyMiddleware(
+            inner, self.storage.idempotency, {JOBS_PATH: True, HARVEST_PATH: False}
+        )
 
     def _start_jobs(self, settings: Settings) -> None:
+        from .harvest.download_urls import UrlSigner, load_or_create_secret
+        from .harvest.job import KIND as HARVEST_KIND
         from .jobs.completion import KIND, CompletionJobKind
         from .jobs.runner import JobRunner
 
         assert self.storage is not None and self.app is not None and self.jobs is not None
-        kinds = {KIND: CompletionJobKind(self.app, self.storage.keys, settings)}
+        completions = CompletionJobKind(self.app, self.storage.keys, settings)
+        kinds: dict[str, Any] = {KIND: completions, HARVEST_KIND: self._harvest_kind(completions)}
         self.runner = JobRunner(
             self.storage.jobs,
             kinds,
@@ -159,7 +177,42 @@ class AcsEndpointPlugin:
             lease_s=settings.job_lease_ms / 1000,
         )
         self.jobs.bind(self.storage, self.runner)
+        signer = UrlSigner(load_or_create_secret(settings.url_secret, settings.home))
+        self.harvests.bind(self.storage, self.runner, signer)
         self.runner.start()
+
+    def _harvest_kind(self, completions: Any) -> Any:
+        from . import __version__
+        from .harvest.job import HarvestJobKind, HarvestModel
+
+        assert self.storage is not None and self.engine_client is not None
+        engine, settings = self.engine_client, self.storage.settings
+        tokenizer = engine.get_tokenizer()
+
+        def model() -> HarvestModel:
+            import vllm
+
+            served = self.models.default()
+            assert served is not None
+            return HarvestModel(
+                id=served.id,
+                checkpoint=served.checkpoint,
+                hidden_size=served.hidden_size,
+                n_layers=served.n_layers,
+                bos_token_id=getattr(tokenizer, "bos_token_id", None),
+                vllm_version=vllm.__version__,
+                vllm_acs_version=__version__,
+            )
+
+        return HarvestJobKind(
+            engine,
+            self.storage.files,
+            self.storage.counters,
+            self.storage.ledger,
+            settings,
+            model,
+            completions.current_principal,
+        )
 
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
         from .key_auth import KeyAuthPlugin
@@ -175,6 +228,7 @@ class AcsEndpointPlugin:
             engine_client.model_config, engine_client.vllm_config, settings
         )
         self.models.register(served, tokenizer_of(engine_client))
+        self.engine_client = engine_client
         self.storage = storage = await open_storage(settings)
         plugins = self.plugins
         plugins.register(KeyAuthPlugin(storage.keys, settings))

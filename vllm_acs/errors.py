@@ -327,3 +327,73 @@ class JobAttemptsExhausted(AcsError):
     type = "server_error"
     code = "job_attempts_exhausted"
     never_retry = True
+
+
+class HarvestNotFound(NotFound):
+    """A harvest id this key does not own (another key's harvest is a 404 too)."""
+
+    code = "harvest_job_not_found"
+
+
+class HarvestNotCancellable(AcsError):
+    """DELETE of a harvest that has already ended; the message names its status."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "harvest_not_cancellable"
+    never_retry = True
+
+
+class HarvestUnsupported(InvalidRequest):
+    """The model cannot be harvested on this node (no capture hooks, or no layers to read)."""
+
+    code = "harvest_unsupported"
+
+
+class HarvestConcurrency(AcsError):
+    """The key has a harvest that has not ended: one at a time per key."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "harvest_concurrency_exceeded"
+    retry_after_s = 30
+
+
+class HarvestQuota(AcsError):
+    """The key's harvests for this UTC month are used up."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "harvest_quota_exceeded"
+    never_retry = True
+
+
+class HarvestCapacity(AcsError):
+    """The deployment has as many harvests not ended as it takes."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "harvest_capacity_exceeded"
+    retry_after_s = 60
+
+
+class DownloadRefused(AcsError):
+    """A download URL that is expired, unsigned or altered."""
+
+    status = 403
+    type = "permission_error"
+    code = "download_url_invalid"
+    never_retry = True
+
+
+class RequestedRangeInvalid(AcsError):
+    """A download's Range header that is not one satisfiable range of bytes."""
+
+    status = 416
+    type = "invalid_request_error"
+    code = "range_not_satisfiable"
+    never_retry = True
+
+    def __init__(self, message: str, size: int, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("content-range", f"bytes */{size}")

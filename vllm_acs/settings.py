@@ -77,6 +77,23 @@ class Settings:
     job_concurrency: int = 32
     job_lease_ms: int = 30_000
     job_max_attempts: int = 3
+    # Harvests: where job files live (unset: `home`/files), prompts one harvest keeps in the
+    # engine at once (interactive requests share the engine meanwhile), harvests not ended in
+    # the deployment before a submit is refused (`429 harvest_capacity_exceeded`), harvests per
+    # key and UTC month (`429 harvest_quota_exceeded`; unset: unlimited), and `?wait=` reads one
+    # node holds at once before it answers `X-Acs-Longpoll: declined`.
+    files_dir: Path | None = None
+    harvest_prompts_in_flight: int = 8
+    harvest_capacity: int = 4
+    harvest_monthly_quota: int | None = None
+    harvest_long_polls: int = 64
+    # The secret that signs download URLs (harvest files). Unset: one is made and kept in `home`
+    # (url-secret); nodes that share a deployment must share it.
+    url_secret: str | None = None
+
+    @property
+    def resolved_files_dir(self) -> Path:
+        return self.files_dir or self.home / "files"
 
     @property
     def resolved_database_url(self) -> str:

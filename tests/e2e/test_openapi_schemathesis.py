@@ -41,6 +41,11 @@ OPERATIONS = [
     ("/v1/completion-jobs/{job_id}", "GET", POSITIVE, 5),
     ("/v1/completion-jobs/{job_id}", "DELETE", POSITIVE, 5),
     ("/v1/completion-jobs/{job_id}/result", "GET", POSITIVE, 5),
+    ("/v1/harvest", "POST", POSITIVE, 10),
+    ("/v1/harvest", "POST", NEGATIVE, 10),
+    ("/v1/harvest/{job_id}", "GET", POSITIVE, 5),
+    ("/v1/harvest/{job_id}", "DELETE", POSITIVE, 5),
+    ("/downloads/{job_id}/{file_name}", "GET", POSITIVE, 5),
 ]
 
 
@@ -89,6 +94,9 @@ def test_document_covers_the_public_surface(acs_server):
         "/v1/completion-jobs",
         "/v1/completion-jobs/{job_id}",
         "/v1/completion-jobs/{job_id}/result",
+        "/v1/harvest",
+        "/v1/harvest/{job_id}",
+        "/downloads/{job_id}/{file_name}",
         "/health",
     }
     submit = document["paths"]["/v1/completion-jobs"]["post"]

@@ -102,6 +102,10 @@ def _violations(path: Path) -> list[str]:
         # The job machinery: storage and the leaves; it replays through an ASGI app it is given.
         forbid_third_party("fastapi", "starlette", "torch", "vllm")
         forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks")
+    if _in(module, "vllm_acs.harvest"):
+        # Harvests: storage, activations, the job machinery and the engine client; no web layer.
+        forbid_third_party("fastapi", "starlette")
+        forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks")
     if _in(module, "vllm_acs.routes"):
         forbid_project("vllm_acs.middleware", "vllm_acs.hooks")
     if _in(module, "vllm_acs.activations") or module == "vllm_acs.client":

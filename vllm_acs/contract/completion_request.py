@@ -106,7 +106,7 @@ def parse_completion_request(data: Any) -> CompletionRequest:
     try:
         return CompletionRequest.model_validate(data)
     except ValidationError as exc:
-        raise _invalid_request(exc) from None
+        raise invalid_request_from(exc) from None
 
 
 def _field_path(loc: tuple[Any, ...], *, client_key_last: bool = False) -> str:
@@ -143,7 +143,7 @@ _TYPE_WORDS = {
 }
 
 
-def _invalid_request(exc: ValidationError) -> InvalidRequest:
+def invalid_request_from(exc: ValidationError) -> InvalidRequest:
     errors = exc.errors()
     # A union reports one error per member; a bound or rule error says more than a type error.
     error = next((e for e in errors if not e["type"].endswith("_type")), errors[0])

@@ -41,6 +41,8 @@ PUBLIC_V1_ROUTES: tuple[PublicRoute, ...] = (
     _route("/v1/completion-jobs", "POST"),
     _route("/v1/completion-jobs/{job_id}", "GET", "DELETE"),
     _route("/v1/completion-jobs/{job_id}/result", "GET"),
+    _route("/v1/harvest", "POST"),
+    _route("/v1/harvest/{job_id}", "GET", "DELETE"),
 )
 # Outside /v1: liveness, the API's description and its browsable UI (FastAPI's, as vLLM builds
 # it; with --enable-offline-docs the UI's files under /static stay closed).
@@ -50,6 +52,8 @@ PUBLIC_NODE_ROUTES: tuple[PublicRoute, ...] = (
     _route("/docs", "GET"),
     _route("/docs/oauth2-redirect", "GET"),
     _route("/redoc", "GET"),
+    # A harvest's files, by signed URL: the signature is the credential, not an API key.
+    _route("/downloads/{job_id}/{file_name}", "GET"),
 )
 
 

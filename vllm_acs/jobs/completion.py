@@ -77,7 +77,7 @@ class CompletionJobKind:
     async def run(self, job: Job, stop: asyncio.Event) -> JobOutcome | HandBack | Stopped:
         request = job.request or {}
         try:
-            principal = await self._principal(principal_from_json(request["principal"]))
+            principal = await self.current_principal(principal_from_json(request["principal"]))
         except AcsError as error:
             body = json.dumps(error_body(error, job.id))
             return JobOutcome(JobStatus.FAILED, error.status, body, error.code)
@@ -90,7 +90,7 @@ class CompletionJobKind:
         status = JobStatus.SUCCEEDED if answer.status == 200 else JobStatus.FAILED
         return JobOutcome(status, answer.status, answer.body.decode("utf-8", "replace"), code)
 
-    async def _principal(self, stored: Principal) -> Principal:
+    async def current_principal(self, stored: Principal) -> Principal:
         """The submitter now: a key paused or revoked since the submit stops its jobs."""
         if stored.source != "key":
             return stored  # an operator plugin's principal: as it was when the job was accepted

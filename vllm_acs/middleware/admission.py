@@ -15,13 +15,13 @@ import time
 from datetime import datetime, timezone
 
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
-from ..errors import AcsError, ActivationQuotaExceeded, BudgetExceeded, SpendCap, TrafficLimited
+from ..errors import AcsError, SpendCap
 from ..metrics import ADMISSIONS, TOKENS_SETTLED, SlotGauges
 from ..principal import PRINCIPAL_STATE_KEY, REPLAY_SCOPE_KEY, Principal, Replay
+from ..refusals import refusal
 from ..storage.counters import AdmitRequest, Counters, Ticket, activation_units
 from ..storage.errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted
 from ..storage.ledger import UsageLedger
-from ..storage.periods import ACTIVATION_QUOTA, BUDGET_MESSAGES
 from ..storage.usage import UsageRow
 from .admission_wait import ClientGone, wait_watching_disconnect
 from .asgi import ASGIApp, Message, Receive, Scope, Send, request_id, send_error
@@ -29,26 +29,6 @@ from .response_usage import ResponseUsage
 
 logger = logging.getLogger(__name__)
 CLAMP_HEADER = b"x-acs-max-tokens-clamped"
-
-
-def refusal(error: Exception) -> AcsError:
-    """The client-facing answer for a storage refusal."""
-    if isinstance(error, BudgetExhausted) and error.budget == ACTIVATION_QUOTA:
-        return ActivationQuotaExceeded()
-    if isinstance(error, BudgetExhausted):
-        return BudgetExceeded(BUDGET_MESSAGES.get(error.budget, "Token budget exhausted."))
-    if isinstance(error, StartsExhausted):
-        return TrafficLimited(
-            "This API key started too many requests in the last minute.",
-            code="rate_limited",
-            retry_after_ms=error.retry_after_ms,
-        )
-    retry_ms = error.retry_after_ms if isinstance(error, QueueFull) else 1000
-    return TrafficLimited(
-        "This API key has too many requests running and waiting.",
-        code="queue_full",
-        retry_after_ms=retry_ms,
-    )
 
 
 class AdmissionMiddleware:

@@ -6,6 +6,8 @@ a chunked body is counted as it arrives and refused as soon as it passes the lim
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..errors import RequestTooLarge
 from .asgi import ASGIApp, Message, Receive, Scope, Send, header, send_error
 
@@ -15,23 +17,30 @@ class _TooLarge(Exception):
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, limit_bytes: int, prefix: str = "/v1/") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit_bytes: int,
+        prefix: str = "/v1/",
+        route_limits: Mapping[str, int] | None = None,
+    ) -> None:
         self.app = app
-        self.limit = limit_bytes
+        self.default_limit = limit_bytes
         self.prefix = prefix
-
-    def _error(self) -> RequestTooLarge:
-        return RequestTooLarge(
-            f"The request body is larger than {self.limit} bytes. Send fewer or shorter prompts."
-        )
+        # Exact paths with a limit of their own (POST /v1/harvest takes 50 MB).
+        self.route_limits = dict(route_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
             await self.app(scope, receive, send)
             return
+        limit = self.route_limits.get(scope["path"], self.default_limit)
+        too_large = RequestTooLarge(
+            f"The request body is larger than {limit} bytes. Send fewer or shorter prompts."
+        )
         declared = header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await send_error(scope, send, self._error())
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await send_error(scope, send, too_large)
             return
 
         received = 0
@@ -42,7 +51,7 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.limit:
+                if received > limit:
                     raise _TooLarge
             return message
 
@@ -57,4 +66,4 @@ class BodyLimitMiddleware:
         except _TooLarge:
             if started:
                 raise
-            await send_error(scope, send, self._error())
+            await send_error(scope, send, too_large)

@@ -12,6 +12,7 @@ from typing import Any
 from ..contract.activation_fields import CODEC_SCHEMA
 from ..contract.completion_request import CompletionRequest
 from ..settings import Settings
+from .harvest.openapi import harvest_paths, harvest_schemas
 from .jobs.openapi import job_paths, job_schemas
 from .models.protocol import ModelCard, ModelList
 from .openapi_parts import ERROR_ENVELOPE, HEADERS, REF, error_doc, json_doc
@@ -115,6 +116,7 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
         components[model.__name__] = schema
     components["ErrorEnvelope"] = ERROR_ENVELOPE
     components.update(job_schemas())
+    components.update(harvest_schemas())
     components["Completion"] = COMPLETION
     return {
         "openapi": "3.1.0",
@@ -167,6 +169,7 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
                 }
             },
             **job_paths(),
+            **harvest_paths(),
             "/health": {
                 "get": {
                     "operationId": "health",

@@ -53,6 +53,10 @@ HEADERS: dict[str, dict[str, Any]] = {
         "schema": {"type": "string"},
     },
     "Location": {"description": "The path of the job", "schema": {"type": "string"}},
+    "X-Acs-Longpoll": {
+        "description": "declined: too many reads wait on this node; answered at once",
+        "schema": {"type": "string", "enum": ["declined"]},
+    },
     "Idempotent-Replayed": {
         "description": "true: the first answer to this Idempotency-Key, sent again",
         "schema": {"type": "string", "enum": ["true"]},
@@ -61,18 +65,23 @@ HEADERS: dict[str, dict[str, Any]] = {
 
 ERROR_TEXT = {
     400: "Invalid request (invalid_request, bad_json, model_not_found, context_length_exceeded, "
+    "harvest_unsupported, "
     "deadline_infeasible, full_vocab_prompt_too_long, activation_prompt_too_long, "
     "position_steering_unavailable, chat_completions_unsupported, vllm_invalid_request, "
     "vllm_context_length)",
     401: "No valid key (missing_authorization, invalid_api_key, key_revoked, key_disabled, "
     "account_suspended, account_not_approved)",
-    403: "scope_denied: the key lacks the route's scope",
-    404: "Unknown route or id (not_found, model_not_found, job_not_found)",
-    409: "idempotency_conflict, no_answer, job_not_cancellable (x-should-retry: false); running "
-    "(Retry-After): the first request with this Idempotency-Key has not answered yet",
+    403: "scope_denied: the key lacks the route's scope; download_url_invalid: an expired, "
+    "unsigned or altered download URL",
+    404: "Unknown route or id (not_found, model_not_found, job_not_found, harvest_job_not_found)",
+    409: "idempotency_conflict, no_answer, job_not_cancellable, harvest_not_cancellable "
+    "(x-should-retry: false); running (Retry-After): the first request with this "
+    "Idempotency-Key has not answered yet",
     413: "request_too_large",
-    429: "budget_exceeded, activation_quota_exceeded, job_capacity (no Retry-After), queue_full, "
-    "rate_limited, spend_cap (Retry-After)",
+    416: "range_not_satisfiable: the Range is not one range inside the file",
+    429: "budget_exceeded, activation_quota_exceeded, job_capacity, harvest_quota_exceeded (no "
+    "Retry-After), queue_full, rate_limited, spend_cap, harvest_concurrency_exceeded, "
+    "harvest_capacity_exceeded (Retry-After)",
     500: "internal_error",
     502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error; "
     "capture_incomplete (retry after Retry-After), capture_rows_missing (not retryable))",

@@ -1,5 +1,5 @@
-"""Opening storage: the engine (SQLite or PostgreSQL), the schema check, repositories (jobs and
-idempotency records among them), counters.
+"""Opening storage: the engine (SQLite or PostgreSQL), the schema check, repositories (jobs,
+harvests and idempotency records among them), the job files, counters.
 
 API server process (`await open_storage(settings)` at start, `await storage.close()` at stop) and
 the CLI. An embedded SQLite is upgraded here; PostgreSQL must be upgraded by the operator first.
@@ -26,6 +26,8 @@ from .counters import Counters
 from .counters_embedded import EmbeddedCounters
 from .counters_redis import RedisCounters
 from .errors import SchemaNotReady
+from .files import FileStore, LocalFileStore
+from .harvests import HarvestRepository
 from .idempotency import IdempotencyRecords
 from .jobs import JobRepository
 from .ledger import UsageLedger
@@ -83,6 +85,9 @@ class Storage:
     settings: Settings
     jobs: JobRepository
     idempotency: IdempotencyRecords
+    harvests: HarvestRepository
+    # Job files (harvest shards): a local directory now, an object store where nodes share them.
+    files: FileStore
 
     async def close(self) -> None:
         await self.ledger.close()
@@ -162,4 +167,6 @@ async def open_storage(
         settings=settings,
         jobs=JobRepository(engine),
         idempotency=IdempotencyRecords(engine),
+        harvests=HarvestRepository(engine),
+        files=LocalFileStore(settings.resolved_files_dir),
     )

@@ -56,3 +56,13 @@ class JobCapacityReached(StorageError):
 
 class IdempotencyRecordLost(ConflictError):
     """The idempotency record a write was to complete is no longer running (released, done)."""
+
+
+class HarvestLimitReached(StorageError):
+    """A harvest submit past one of its limits: `limit` is `concurrency` (the key's harvests not
+    ended), `capacity` (the deployment's) or `quota` (the key's this UTC month)."""
+
+    def __init__(self, limit: str, value: int) -> None:
+        super().__init__(f"harvest {limit} limit {value} reached")
+        self.limit = limit
+        self.value = value

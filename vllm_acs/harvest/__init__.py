@@ -1,0 +1,2 @@
+"""Bulk activation harvests: layers, shards, statistics, the job that writes them
+(API server process)."""

@@ -1,0 +1,344 @@
+"""Submitting, reading (with long-poll), cancelling harvests, scoped to the caller's key, and
+checking the signed downloads of their files.
+
+API server process. A submit is parsed and tokenized off the event loop (bodies up to 50 MB),
+checked against the key's budgets for its prompt tokens, its prompts stored as a file, and the
+job written with its idempotency answer under the harvest limits in one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from ...contract.harvest_request import MAX_HARVEST_TOKENS, HarvestBody, parse_harvest_body
+from ...errors import (
+    AcsError,
+    BadJson,
+    DownloadRefused,
+    HarvestCapacity,
+    HarvestConcurrency,
+    HarvestNotCancellable,
+    HarvestNotFound,
+    HarvestQuota,
+    HarvestUnsupported,
+    InvalidRequest,
+    UnknownModel,
+)
+from ...harvest.download_urls import UrlRefused, UrlSigner
+from ...harvest.inputs import HarvestRequest, PreparedPrompts, prepare_prompts, save_input
+from ...harvest.job import KIND, MANIFEST, STATS, job_prefix
+from ...harvest.layers import LayerChoiceError, resolve_layers
+from ...harvest.manifest import Manifest
+from ...principal import Principal
+from ...refusals import refusal
+from ...served_model import NodeModels, ServedModel
+from ...settings import Settings
+from ...states import JobStatus
+from ...storage import Storage
+from ...storage.counters import AdmitRequest
+from ...storage.errors import BudgetExhausted, HarvestLimitReached, QueueFull, StartsExhausted
+from ...storage.files import FileNameError, check_name
+from ...storage.idempotency import IdempotencyTarget, StoredAnswer
+from ...storage.jobs import Job, NewJob
+from .protocol import STATE_OF_JOB, HarvestError, HarvestJob, HarvestResult, HarvestSubmitted
+
+HARVEST_PATH = "/v1/harvest"
+DOWNLOADS_PATH = "/downloads"
+URL_LIFETIME = timedelta(days=7)
+LONG_POLL_MAX_S = 60
+LONG_POLL_STEP_S = 0.5
+DECLINED_RETRY_S = 3
+PUBLIC_FILES = (MANIFEST, STATS)
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: dict[str, Any] | str
+    headers: dict[str, str]
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.astimezone(timezone.utc).isoformat()
+
+
+class HarvestService:
+    """Bound to storage, the runner and the URL signer once the engine is up (`bind`)."""
+
+    def __init__(self, models: NodeModels, settings: Settings, clock: Callable[[], datetime]):
+        self.models = models
+        self.settings = settings
+        self.clock = clock
+        self.storage: Storage | None = None
+        self.runner: Any = None
+        self.signer: UrlSigner | None = None
+        self.long_polls = 0
+
+    def bind(self, storage: Storage, runner: Any, signer: UrlSigner) -> None:
+        self.storage, self.runner, self.signer = storage, runner, signer
+
+    @property
+    def _storage(self) -> Storage:
+        if self.storage is None:
+            raise RuntimeError("vllm_acs harvests: storage is not open (init_state did not run)")
+        return self.storage
+
+    # --- submit -------------------------------------------------------------------------------
+
+    async def submit(
+        self, raw: bytes, principal: Principal, idempotency: IdempotencyTarget | None
+    ) -> Answer:
+        body, model, layers, prepared = await asyncio.to_thread(self._prepared, raw)
+        storage = self._storage
+        await self._check_budget(principal, prepared.inputs.n_tokens)
+        now = self.clock()
+        request = HarvestRequest(
+            principal=principal,
+            layers=layers,
+            shard_size=body.shard_size,
+            batch_size=body.batch_size,
+            n_prompts=prepared.inputs.n_prompts,
+            n_tokens=prepared.inputs.n_tokens,
+            max_prompt_tokens=model.max_model_len - 1,
+            truncated=prepared.truncated,
+        )
+        job = NewJob(
+            kind=KIND,
+            key_id=principal.key_id,
+            account_id=principal.account_id,
+            model=model.id,
+            request=request.to_json(),
+            max_attempts=self.settings.job_max_attempts,
+        )
+        shown = HarvestSubmitted(
+            job_id=job.id,
+            status="pending",
+            model=model.id,
+            n_prompts=request.n_prompts,
+            created_at=_iso(now) or "",
+        ).model_dump()
+        location = f"{HARVEST_PATH}/{job.id}"
+        answer = StoredAnswer(
+            202, json.dumps(shown), {"content-type": "application/json", "location": location}
+        )
+        # The prompts first: a job row never exists without its input file.
+        await asyncio.to_thread(save_input, storage.files, job.id, prepared.inputs)
+        try:
+            await storage.harvests.submit(
+                job,
+                now,
+                per_key=1,
+                capacity=max(1, self.settings.harvest_capacity),
+                monthly_quota=self.settings.harvest_monthly_quota,
+                idempotency=idempotency,
+                answer=answer if idempotency is not None else None,
+            )
+        except BaseException as error:
+            await asyncio.to_thread(storage.files.delete_tree, job_prefix(job.id))
+            if isinstance(error, HarvestLimitReached):
+                raise _limit_error(error) from None
+            raise
+        if self.runner is not None:
+            self.runner.wake()
+        return Answer(202, answer.body, {"location": location})
+
+    def _prepared(
+        self, raw: bytes
+    ) -> tuple[HarvestBody, ServedModel, tuple[int, ...], PreparedPrompts]:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise BadJson("The request body is not valid JSON.") from None
+        body = parse_harvest_body(data)
+        model = self.models.get(body.model)
+        if model is None:
+            raise UnknownModel(f"The model '{body.model}' does not exist.", param="model")
+        if model.n_layers <= 0 or model.hidden_size <= 0:
+            raise HarvestUnsupported(
+                f"The model '{model.id}' cannot be harvested on this node.", param="model"
+            )
+        try:
+            layers = resolve_layers(body.layers, model.n_layers)
+        except LayerChoiceError as error:
+            raise InvalidRequest(str(error), param="layers") from None
+        for index, prompt in enumerate(body.prompts):
+            if isinstance(prompt, list) and model.vocab_size and max(prompt) >= model.vocab_size:
+                raise InvalidRequest(
+                    f"Prompt {index} has a token id past the vocabulary ({model.vocab_size}).",
+                    param=f"prompts.{index}",
+                )
+        prepared = prepare_prompts(
+            body.prompts, self.models.tokenizer(model.id), model.max_model_len - 1
+        )
+        if prepared.inputs.n_tokens > MAX_HARVEST_TOKENS:
+            raise InvalidRequest(
+                f"The prompts come to {prepared.inputs.n_tokens} tokens; a harvest takes at most "
+                f"{MAX_HARVEST_TOKENS}. Split the corpus into several harvests.",
+                param="prompts",
+            )
+        return body, model, layers, prepared
+
+    async def _check_budget(self, principal: Principal, n_tokens: int) -> None:
+        """The prompt tokens must fit every budget now (each shard is held again as it is
+        written); a submit also takes one of the key's starts."""
+        counters = self._storage.counters
+        try:
+            ticket = await counters.admit(
+                AdmitRequest(
+                    principal=principal,
+                    prompt_tokens=n_tokens,
+                    choices=1,
+                    max_tokens=1,
+                    allow_clamp=False,
+                )
+            )
+        except (BudgetExhausted, StartsExhausted, QueueFull) as error:
+            raise refusal(error) from None
+        await asyncio.shield(counters.settle(ticket, 0, 0))
+
+    # --- read, cancel -------------------------------------------------------------------------
+
+    async def get(self, job_id: str, principal: Principal) -> Job:
+        job = await self._storage.jobs.get(job_id, principal.key_id)
+        if job is None or job.kind != KIND:
+            raise HarvestNotFound(f"No harvest {job_id!r} for this API key.", param="job_id")
+        return job
+
+    async def read(
+        self, job_id: str, principal: Principal, wait_s: int | None, base_url: str
+    ) -> Answer:
+        job = await self.get(job_id, principal)
+        headers: dict[str, str] = {}
+        if wait_s and not job.ended:
+            if self.long_polls >= self.settings.harvest_long_polls:
+                headers = {"x-acs-longpoll": "declined", "retry-after": str(DECLINED_RETRY_S)}
+            else:
+                job = await self._wait_for_change(job, principal, wait_s)
+        shown = await asyncio.to_thread(self.harvest_object, job, base_url)
+        return Answer(200, shown, headers)
+
+    async def _wait_for_change(self, job: Job, principal: Principal, wait_s: int) -> Job:
+        self.long_polls += 1
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + min(wait_s, LONG_POLL_MAX_S)
+            while loop.time() < deadline:
+                await asyncio.sleep(min(LONG_POLL_STEP_S, max(0.0, deadline - loop.time())))
+                now = await self.get(job.id, principal)
+                if now.status != job.status:
+                    return now
+            return job
+        finally:
+            self.long_polls -= 1
+
+    async def cancel(self, job_id: str, principal: Principal, base_url: str) -> Answer:
+        before = await self.get(job_id, principal)
+        job = before
+        if before.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+            job = await self._storage.jobs.cancel(job_id, principal.key_id, self.clock()) or job
+        if job.status != JobStatus.CANCELLED or before.status == JobStatus.CANCELLED:
+            raise HarvestNotCancellable(
+                f"The harvest has already ended (status {STATE_OF_JOB[job.status]}); only a "
+                "pending or running harvest can be cancelled."
+            )
+        if self.runner is not None:
+            self.runner.stop_job(job.id)
+        return Answer(200, await asyncio.to_thread(self.harvest_object, job, base_url), {})
+
+    def harvest_object(self, job: Job, base_url: str) -> dict[str, Any]:
+        request = job.request or {}
+        manifest = self._manifest(job.id)
+        n_prompts = int(request.get("n_prompts", manifest.n_prompts if manifest else 0))
+        shown = HarvestJob(
+            job_id=job.id,
+            status=STATE_OF_JOB[job.status],
+            model=job.model,
+            n_prompts=n_prompts,
+            layer_indices=list(request.get("layers", manifest.layer_indices if manifest else [])),
+            created_at=_iso(job.created_at) or "",
+            started_at=_iso(job.started_at),
+            finished_at=_iso(job.finished_at) if job.ended else None,
+            progress={
+                "prompts_done": manifest.prompts_done if manifest else 0,
+                "n_prompts": n_prompts,
+                "shards_done": len(manifest.shards) if manifest else 0,
+            },
+        )
+        if job.ended and job.result_body:
+            result = json.loads(job.result_body)
+            if job.status == JobStatus.SUCCEEDED:
+                self._add_result(shown, job, result, base_url)
+            elif isinstance(result.get("error"), dict):
+                error = result["error"]
+                shown.error = HarvestError(code=error.get("code"), message=error.get("message", ""))
+        return shown.model_dump(exclude_none=True)
+
+    def _add_result(
+        self, shown: HarvestJob, job: Job, result: dict[str, Any], base_url: str
+    ) -> None:
+        assert self.signer is not None and job.finished_at is not None
+        expires_at = job.finished_at + URL_LIFETIME
+
+        def url(name: str) -> str:
+            return base_url + self.signer.sign(f"{DOWNLOADS_PATH}/{job.id}/{name}", expires_at)
+
+        shown.result = HarvestResult(
+            n_shards=result["n_shards"],
+            layer_indices=result["layer_indices"],
+            manifest_url=url(MANIFEST),
+            shard_urls=[url(name) for name in result["files"]],
+            stats_url=url(STATS),
+            timings=result.get("timings", {}),
+        )
+        shown.urls_expire_at = _iso(expires_at)
+        shown.urls_expired = self.clock() >= expires_at
+
+    def _manifest(self, job_id: str) -> Manifest | None:
+        try:
+            return Manifest.from_bytes(self._storage.files.read(f"{job_prefix(job_id)}/{MANIFEST}"))
+        except FileNotFoundError:
+            return None
+
+    # --- downloads ----------------------------------------------------------------------------
+
+    def download_name(
+        self, job_id: str, file_name: str, expires: str | None, signature: str | None
+    ) -> str:
+        """The stored file a signed URL names; DownloadRefused otherwise."""
+        assert self.signer is not None
+        try:
+            self.signer.check(
+                f"{DOWNLOADS_PATH}/{job_id}/{file_name}", expires, signature, self.clock()
+            )
+        except UrlRefused as refused:
+            raise DownloadRefused(refused.reason) from None
+        public = file_name in PUBLIC_FILES or (
+            file_name.startswith("shard_") and file_name.endswith(".safetensors")
+        )
+        name = f"{job_prefix(job_id)}/{file_name}"
+        try:
+            check_name(name)
+        except FileNameError:
+            public = False
+        if not public or self._storage.files.size(name) is None:
+            raise HarvestNotFound("No such harvest file (it may have been deleted).")
+        return name
+
+
+def _limit_error(error: HarvestLimitReached) -> AcsError:
+    if error.limit == "concurrency":
+        return HarvestConcurrency(
+            "This API key has a harvest that has not ended; one runs at a time per key. Poll "
+            "it until it ends, or cancel it."
+        )
+    if error.limit == "capacity":
+        return HarvestCapacity(
+            f"This deployment has {error.value} harvests that have not ended, the most it takes "
+            "at once; try again later."
+        )
+    return HarvestQuota(f"This API key has used its {error.value} harvests for this month (UTC).")
