@@ -26,6 +26,12 @@ else
   $PIP uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
+# SAELens, for the test that trains an SAE on a harvest, beside what vLLM needs: pinned to the
+# torch, transformers and numpy already here, so installing it can never move them.
+$VENV/bin/python -c 'import numpy, torch, transformers
+for m in (torch, transformers, numpy): print(f"{m.__name__}=={m.__version__}")' > "$VENV/acs-constraints.txt"
+$PIP install --quiet "sae-lens>=6.50,<7" -c "$VENV/acs-constraints.txt"
+
 # Nothing named 'vllm' on CPU, and no CUDA torch: the CPU build must stay the only vLLM.
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   if $PIP show vllm >/dev/null 2>&1; then

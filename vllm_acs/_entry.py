@@ -208,11 +208,17 @@ class AcsEndpointPlugin:
             engine,
             self.storage.files,
             self.storage.counters,
-            self.storage.ledger,
+            self.storage.usage,
             settings,
             model,
             completions.current_principal,
+            on_charged=lambda row: self._usage_written(row),
+            jobs=self.storage.jobs,
         )
+
+    def _usage_written(self, row: Any) -> None:
+        if self.storage is not None and self.storage.ledger.on_written is not None:
+            self.storage.ledger.on_written(row)
 
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
         from .key_auth import KeyAuthPlugin

@@ -57,3 +57,16 @@ def _residual_stream_dict(response: Any) -> Mapping[str, Any]:
     if not isinstance(activations, Mapping) or "residual_stream" not in activations:
         raise KeyError("the response has no activations.residual_stream")
     return activations["residual_stream"]
+
+
+_HARVEST_HELPERS = {"download_harvest", "open_harvest", "HarvestFiles", "HarvestNotReady"}
+
+
+def __getattr__(name: str) -> Any:
+    """The harvest helpers (harvest_files.py) need httpx, safetensors and torch: they load when
+    first asked for, so the codec above stays numpy-only."""
+    if name in _HARVEST_HELPERS:
+        from . import harvest_files
+
+        return getattr(harvest_files, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -129,12 +129,16 @@ async def _cancel(args: argparse.Namespace, storage: Any) -> int:
 
 async def _sweep(args: argparse.Namespace, storage: Any) -> int:
     now = args.now or datetime.now(timezone.utc)
-    report = await storage.jobs.sweep(now)
-    result = {"now": now.isoformat(), **dataclasses.asdict(report)}
+    from .harvest.retention import RESULT_TTLS, sweep_files
+
+    report = await storage.jobs.sweep(now, result_ttls=RESULT_TTLS)
+    harvest_files = await sweep_files(storage.files, storage.jobs, now)
+    result = {"now": now.isoformat(), **dataclasses.asdict(report), "harvest_files": harvest_files}
     human = (
         f"retention sweep as of {now.isoformat()}: {report.expired} queued jobs expired, "
         f"{report.emptied} ended jobs emptied of request and result, {report.deleted} jobs "
-        f"deleted, {report.idempotency_deleted} idempotency records deleted"
+        f"deleted, {report.idempotency_deleted} idempotency records deleted, the files of "
+        f"{harvest_files} harvests deleted"
     )
     out(args, result, human)
     return 0

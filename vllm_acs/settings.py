@@ -89,7 +89,7 @@ class Settings:
     harvest_long_polls: int = 64
     # The secret that signs download URLs (harvest files). Unset: one is made and kept in `home`
     # (url-secret); nodes that share a deployment must share it.
-    url_secret: str | None = None
+    url_secret: str | None = field(default=None, repr=False)
 
     @property
     def resolved_files_dir(self) -> Path:

@@ -6,6 +6,7 @@ prompts' own token ids, and a NumPy computation of the statistics.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -233,3 +234,66 @@ def test_strict_validation_and_the_layer_choice(harvested):
         answer = client.post("/v1/harvest", json=body)
         assert answer.status_code == 400, (body, answer.text)
         assert answer.json()["error"]["param"] == param, answer.text
+
+
+def test_a_running_harvest_long_polls_refuses_a_second_and_cancels(acs_server):
+    # No running slot but one queue place: the run captures its first shard, then waits in that
+    # place for the key's slot to write it, for as long as it takes: it stays `running`.
+    key = acs_server.create_key("harvest-held", "--max-running", "0", "--max-waiting", "1")
+    client = httpx.Client(
+        base_url=acs_server.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=120
+    )
+    body = {"model": MODEL_ID, "prompts": ["The sky is", "Grass is"], "layers": [1]}
+    submitted = client.post("/v1/harvest", json=body, headers={"Idempotency-Key": "held-1"})
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["job_id"]
+    again = client.post("/v1/harvest", json=body, headers={"Idempotency-Key": "held-1"})
+    assert again.status_code == 202 and again.json() == submitted.json()
+    assert again.headers["idempotent-replayed"] == "true"
+    deadline = time.monotonic() + 60
+    while client.get(f"/v1/harvest/{job_id}").json()["status"] != "running":
+        assert time.monotonic() < deadline, acs_server.log_tail()
+        time.sleep(0.2)
+
+    # One harvest at a time per key.
+    second = client.post("/v1/harvest", json=body)
+    assert second.status_code == 429
+    assert second.json()["error"]["code"] == "harvest_concurrency_exceeded"
+    assert int(second.headers["retry-after"]) > 0
+
+    # A long-poll with nothing changing holds for its wait, then answers the same state.
+    started = time.monotonic()
+    held = client.get(f"/v1/harvest/{job_id}", params={"wait": 2})
+    assert held.status_code == 200 and held.json()["status"] == "running"
+    assert held.json()["progress"]["shards_done"] == 0
+    assert time.monotonic() - started >= 1.9
+    assert client.get(f"/v1/harvest/{job_id}", params={"wait": 61}).status_code == 400
+
+    # A long-poll answers as soon as the status changes: here, the cancel.
+    answers: dict[str, Any] = {}
+
+    def long_poll() -> None:
+        answers["at"] = time.monotonic()
+        answers["job"] = client.get(f"/v1/harvest/{job_id}", params={"wait": 30}).json()
+        answers["took"] = time.monotonic() - answers["at"]
+
+    poller = threading.Thread(target=long_poll)
+    poller.start()
+    time.sleep(1.0)
+    cancelled = client.delete(f"/v1/harvest/{job_id}")
+    poller.join(timeout=40)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert answers["job"]["status"] == "cancelled" and answers["took"] < 10
+    again = client.delete(f"/v1/harvest/{job_id}")
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "harvest_not_cancellable"
+    # The cancelled run gives its queue place back (within a moment: the runner stops it): a new
+    # submit, whose budget check needs that one place, is then accepted; a place never given
+    # back would answer 429 queue_full for ever.
+    deadline = time.monotonic() + 30
+    while (after := client.post("/v1/harvest", json=body)).status_code == 429:
+        assert after.json()["error"]["code"] == "queue_full", after.text
+        assert time.monotonic() < deadline, "the cancelled harvest kept its queue place"
+        time.sleep(0.5)
+    assert after.status_code == 202, after.text
+    assert client.delete(f"/v1/harvest/{after.json()['job_id']}").status_code == 200

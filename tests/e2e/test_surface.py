@@ -38,7 +38,7 @@ PUBLIC = {
     "/v1/completion-jobs/x/result": {"GET", "HEAD"},
     "/v1/harvest": {"POST"},
     "/v1/harvest/x": {"GET", "HEAD", "DELETE"},
-    "/downloads/x/y": {"GET", "HEAD"},
+    "/downloads/x/x": {"GET", "HEAD"},
     "/health": {"GET", "HEAD"},
     "/openapi.json": {"GET", "HEAD"},
     "/docs": {"GET", "HEAD"},

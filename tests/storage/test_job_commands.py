@@ -172,6 +172,7 @@ def test_list_show_cancel_and_sweep(database_url: str, cli: Any):
         "emptied": 3,
         "deleted": 0,
         "idempotency_deleted": 0,
+        "harvest_files": 0,
     }
     expired = cli("show", ids["waiting"], "--json")
     assert expired["status"] == "expired" and expired["request_bytes"] == len(

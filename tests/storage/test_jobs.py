@@ -392,3 +392,25 @@ def test_open_storage_wires_the_job_and_idempotency_repositories(database_url: s
             await storage.close()
 
     asyncio.run(body())
+
+
+def test_a_kinds_own_result_retention(database_url: str):
+    day, tick = timedelta(days=1), timedelta(microseconds=1)
+
+    async def body(repo: JobRepository, _engine: AsyncEngine) -> None:
+        plain = await repo.submit(new(), T0)
+        harvest = await repo.submit(new(key="key_b", kind="harvest"), T0)
+        for job in (plain, harvest):
+            await repo.cancel(job.id, None, T0)
+        ttls = {"harvest": 7 * day}
+        # After a day the completion job's result goes, the harvest's stays (it names files).
+        report = await repo.sweep(T0 + day + tick, result_ttls=ttls)
+        assert report.emptied == 1
+        assert (await repo.get(plain.id)).request is None
+        assert (await repo.get(harvest.id)).request is not None
+        # Until its own retention.
+        assert (await repo.sweep(T0 + 7 * day, result_ttls=ttls)).emptied == 0
+        report = await repo.sweep(T0 + 7 * day + tick, result_ttls=ttls)
+        assert report.deleted == 2 and await repo.get(harvest.id) is None
+
+    _run(database_url, body)

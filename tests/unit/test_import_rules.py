@@ -110,13 +110,21 @@ def _violations(path: Path) -> list[str]:
         forbid_project("vllm_acs.middleware", "vllm_acs.hooks")
     if _in(module, "vllm_acs.activations") or module == "vllm_acs.client":
         # Shared by the API server, the workers and users: numpy and the standard library, and
-        # of the project only the leaves and activations itself.
+        # of the project only the leaves and activations itself (the client also its lazily
+        # loaded harvest helpers).
         forbid_third_party("fastapi", "starlette", "sqlalchemy", "redis", "vllm", "torch")
+        allowed = {"vllm_acs.harvest_files"} if module == "vllm_acs.client" else set()
         found.extend(
             f"{module} imports {n}"
             for n in inside
-            if not _in(n, "vllm_acs.activations") and not any(_in(n, leaf) for leaf in LEAVES)
+            if not _in(n, "vllm_acs.activations")
+            and not any(_in(n, leaf) for leaf in LEAVES)
+            and n not in allowed
         )
+    if module == "vllm_acs.harvest_files":
+        # The user's side of a harvest: httpx, safetensors, torch; nothing of the server.
+        forbid_third_party("fastapi", "starlette", "sqlalchemy", "redis", "vllm")
+        found.extend(f"{module} imports {n}" for n in inside)
     return found
 
 

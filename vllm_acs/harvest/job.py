@@ -11,12 +11,14 @@ its resume, which runs the shard again, charges it once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -28,14 +30,14 @@ from ..principal import Principal
 from ..refusals import refusal
 from ..settings import Settings
 from ..states import JobStatus
-from ..storage.counters import AdmitRequest, Counters
-from ..storage.errors import BudgetExhausted
+from ..storage.counters import AdmitRequest, Counters, Ticket
+from ..storage.errors import BudgetExhausted, LeaseLost, QueueFull
 from ..storage.files import FileStore
-from ..storage.jobs import Job
-from ..storage.ledger import UsageLedger
-from ..storage.usage import UsageRow
+from ..storage.jobs import Job, JobRepository
+from ..storage.usage import UsageRepository, UsageRow
 from .inputs import HarvestInput, HarvestRequest, input_name, load_input
 from .manifest import Manifest, ShardEntry
+from .retention import FILES_KEPT, KIND, job_prefix, sweep_files
 from .shards import (
     HarvestedPrompt,
     shard_bytes,
@@ -48,14 +50,10 @@ from .stats import LayerStats
 
 logger = logging.getLogger(__name__)
 
-KIND = "harvest"
 HARVEST_ROUTE = "/v1/harvest"
+
 MANIFEST = "manifest.json"
 STATS = "stats.safetensors"
-
-
-def job_prefix(job_id: str) -> str:
-    return f"harvests/{job_id}"
 
 
 def _state_name(job_id: str, shards_done: int) -> str:
@@ -102,33 +100,44 @@ class _Timings:
 
 class HarvestJobKind:
     name = KIND
+    result_ttl = FILES_KEPT
 
     def __init__(
         self,
         engine_client: Any,
         files: FileStore,
         counters: Counters,
-        ledger: UsageLedger,
+        usage: UsageRepository,
         settings: Settings,
         model: Callable[[], HarvestModel],
         principal_now: Callable[[Principal], Any],
+        on_charged: Callable[[UsageRow], None] | None = None,
+        jobs: JobRepository | None = None,
     ) -> None:
         self.engine = engine_client
         self.files = files
         self.counters = counters
-        self.ledger = ledger
+        self.usage = usage
         self.settings = settings
         self.model = model
         # The submitter now (a key revoked since the submit stops its harvest): an awaitable.
         self.principal_now = principal_now
+        # Told of each shard's usage row once it is written (the plugins' acs_usage_recorded).
+        self.on_charged = on_charged
+        self.jobs = jobs
+
+    async def sweep(self, now: datetime) -> int:
+        """The files' retention (harvest/retention.py), from the runner's sweep."""
+        if self.jobs is None:
+            return 0
+        return await sweep_files(self.files, self.jobs, now)
 
     async def run(self, job: Job, stop: asyncio.Event) -> Any:
         from ..jobs.kinds import JobOutcome, Stopped
 
         request = HarvestRequest.from_json(job.request or {})
         try:
-            principal = await self.principal_now(request.principal)
-            outcome = await _Run(self, job, request, principal, stop).run()
+            outcome = await _Run(self, job, request, stop).run()
         except AcsError as error:
             body = json.dumps(error_body(error, job.id))
             return JobOutcome(JobStatus.FAILED, error.status, body, error.code)
@@ -148,13 +157,13 @@ class _Run:
         kind: HarvestJobKind,
         job: Job,
         request: HarvestRequest,
-        principal: Principal,
         stop: asyncio.Event,
     ) -> None:
         self.kind = kind
         self.job = job
         self.request = request
-        self.principal = principal
+        # The submitter as it stands now: read again before each shard is held.
+        self.principal = request.principal
         self.stop = stop
         self.model = kind.model()
         self.files = kind.files
@@ -163,17 +172,21 @@ class _Run:
         self.in_flight = max(1, kind.settings.harvest_prompts_in_flight)
 
     async def run(self) -> dict[str, Any] | None:
+        self.principal = await self.kind.principal_now(self.request.principal)
         inputs = await asyncio.to_thread(load_input, self.files, input_name(self.job.id))
         manifest, stats = await asyncio.to_thread(self._resume_point, inputs)
         size = self.request.shard_size
         buffer: list[HarvestedPrompt] = []
-        async for prompt in self._captures(inputs, manifest.prompts_done):
-            if prompt is None:
-                return None  # stopped
-            buffer.append(prompt)
-            if len(buffer) == size or prompt.index == inputs.n_prompts - 1:
-                await self._write_shard(manifest, stats, buffer)
-                buffer = []
+        # Closed however the loop ends, so the prompts still in the engine are aborted at once.
+        async with contextlib.aclosing(self._captures(inputs, manifest.prompts_done)) as captures:
+            async for prompt in captures:
+                if prompt is None:
+                    return None  # stopped
+                buffer.append(prompt)
+                if len(buffer) == size or prompt.index == inputs.n_prompts - 1:
+                    if not await self._write_shard(manifest, stats, buffer):
+                        return None  # stopped while waiting for the key's slot
+                    buffer = []
         manifest.complete = True
         await asyncio.to_thread(self.files.write, f"{self.prefix}/{MANIFEST}", manifest.to_bytes())
         return {
@@ -284,60 +297,101 @@ class _Run:
 
     async def _write_shard(
         self, manifest: Manifest, stats: LayerStats, prompts: list[HarvestedPrompt]
-    ) -> None:
+    ) -> bool:
+        """Holds, writes and charges one shard; False when the job was stopped first."""
         number = len(manifest.shards)
         n_tokens = sum(p.n_tokens for p in prompts)
         ticket = await self._hold(n_tokens)
+        if ticket is None:
+            return False
         started = time.perf_counter()
         try:
             entry = await asyncio.to_thread(self._write_files, manifest, stats, prompts, number)
         except BaseException:
             await asyncio.shield(self.kind.counters.settle(ticket, 0, 0))
             raise
-        await asyncio.shield(self.kind.counters.settle(ticket, n_tokens, 0))
-        self.kind.ledger.record(
-            UsageRow(
-                route=HARVEST_ROUTE,
-                status=200,
-                latency_ms=int((time.perf_counter() - started) * 1000),
-                prompt_tokens=n_tokens,
-                request_id=f"{self.job.id}-shard-{number:05d}",
-                key_id=self.principal.key_id,
-                key_prefix=self.principal.key_prefix,
-                account_id=self.principal.account_id,
-                model=self.model.id,
-            )
+        row = UsageRow(
+            route=HARVEST_ROUTE,
+            status=200,
+            latency_ms=int((time.perf_counter() - started) * 1000),
+            prompt_tokens=n_tokens,
+            request_id=f"{self.job.id}-shard-{number:05d}",
+            key_id=self.principal.key_id,
+            key_prefix=self.principal.key_prefix,
+            account_id=self.principal.account_id,
+            model=self.model.id,
         )
+        try:
+            # Before the manifest lists the shard, and once: a crash in between runs the shard
+            # again, which finds its row and charges nothing more.
+            charged = await self.kind.usage.insert_once(row)
+        except BaseException:
+            await asyncio.shield(self.kind.counters.settle(ticket, 0, 0))
+            raise
+        await asyncio.shield(self.kind.counters.settle(ticket, n_tokens if charged else 0, 0))
+        if charged and self.kind.on_charged is not None:
+            self.kind.on_charged(row)
+        await asyncio.to_thread(self._list_shard, manifest, entry)
         self.timings.write_s += time.perf_counter() - started
         self.timings.tokens += n_tokens
         self.timings.prompts += len(prompts)
         logger.info("harvest %s wrote %s (%d bytes)", self.job.id, entry.file, entry.bytes)
+        return True
 
-    async def _hold(self, n_tokens: int) -> Any:
-        """The shard's tokens held on every budget (the key's running slot while it is written);
-        a budget that cannot hold them fails the harvest with `budget_exceeded`."""
-        try:
-            ticket = await self.kind.counters.admit(
-                AdmitRequest(
-                    principal=self.principal,
-                    prompt_tokens=n_tokens,
-                    choices=1,
-                    max_tokens=1,  # a Hold has room for one token; the settle charges none
-                    count_start=False,
-                    allow_clamp=False,
-                )
+    async def _hold(self, n_tokens: int) -> Ticket | None:
+        """The shard's tokens held on every budget and the key's running slot while it is
+        written, as the key stands now (revoked since the submit: the harvest fails with that
+        401). A budget that cannot hold them fails it with `budget_exceeded`; slots taken mean
+        waiting. None when the job was stopped meanwhile."""
+        counters = self.kind.counters
+        while True:
+            self.principal = await self.kind.principal_now(self.request.principal)
+            request = AdmitRequest(
+                principal=self.principal,
+                prompt_tokens=n_tokens,
+                choices=1,
+                max_tokens=1,  # a Hold has room for one token; the settle charges none
+                count_start=False,
+                allow_clamp=False,
             )
-        except BudgetExhausted as error:
-            raise HarvestFailed(refusal(error)) from None
-        if not ticket.running:
-            await self.kind.counters.wait_for_slot(ticket)
-        return ticket
+            try:
+                ticket = await counters.admit(request)
+            except BudgetExhausted as error:
+                raise HarvestFailed(refusal(error)) from None
+            except QueueFull as error:
+                if await self._stopped_within(error.retry_after_ms / 1000):
+                    return None
+                continue
+            if ticket.running:
+                return ticket
+            waiter = asyncio.ensure_future(counters.wait_for_slot(ticket))
+            stopped = asyncio.ensure_future(self.stop.wait())
+            try:
+                await asyncio.wait({waiter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+            if not waiter.done():
+                waiter.cancel()
+                await asyncio.shield(counters.settle(ticket, 0, 0))
+                return None
+            try:
+                waiter.result()
+                return ticket
+            except LeaseLost:  # the wait outlived its lease (a stalled loop): queue again
+                await asyncio.shield(counters.settle(ticket, 0, 0))
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        try:
+            await asyncio.wait_for(self.stop.wait(), max(0.1, seconds))
+            return True
+        except TimeoutError:
+            return False
 
     def _write_files(
         self, manifest: Manifest, stats: LayerStats, prompts: list[HarvestedPrompt], number: int
     ) -> ShardEntry:
-        """Shard, statistics state, stats.safetensors, then the manifest that lists the shard:
-        a crash between any two leaves the manifest naming only complete shards."""
+        """Shard, statistics state, stats.safetensors (then the charge, then the manifest that
+        lists the shard): a crash between any two leaves the manifest naming complete shards."""
         bos = self.model.bos_token_id
         for prompt in prompts:
             rows = prompt.as_float32()
@@ -358,6 +412,8 @@ class _Run:
             n_tokens=sum(p.n_tokens for p in prompts),
             bytes=stored.size,
         )
+        return entry
+
+    def _list_shard(self, manifest: Manifest, entry: ShardEntry) -> None:
         manifest.shards.append(entry)
         self.files.write(f"{self.prefix}/{MANIFEST}", manifest.to_bytes())
-        return entry

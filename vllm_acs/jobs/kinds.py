@@ -39,6 +39,10 @@ class Stopped:
 
 
 class JobKind(Protocol):
+    """A kind may also have `result_ttl` (a timedelta: its results outlive the default 24 h) and
+    `async def sweep(now)` (its retention outside the database), which the runner's sweep
+    calls."""
+
     name: str
 
     async def run(self, job: Job, stop: asyncio.Event) -> JobOutcome | HandBack | Stopped:

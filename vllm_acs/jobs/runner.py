@@ -205,6 +205,17 @@ class JobRunner:
                 stop.set()
                 return
 
+    async def sweep(self, now: datetime) -> None:
+        """The retention sweep: the rows (each kind's results kept as long as it says), then
+        what each kind keeps outside the database (a harvest's files)."""
+        ttls = {k.name: t for k in self.kinds.values() if (t := getattr(k, "result_ttl", None))}
+        report = await self.repository.sweep(now, result_ttls=ttls)
+        logger.debug("job retention sweep: %s", report)
+        for kind in self.kinds.values():
+            sweep_kind = getattr(kind, "sweep", None)
+            if sweep_kind is not None:
+                await sweep_kind(now)
+
     async def _maintenance_loop(self) -> None:
         last_sweep = 0.0
         loop = asyncio.get_running_loop()
@@ -216,8 +227,7 @@ class JobRunner:
                     logger.warning("handed back %d job(s) whose lease expired", len(reaped))
                 if loop.time() - last_sweep >= self.sweep_every_s:
                     last_sweep = loop.time()
-                    report = await self.repository.sweep(self.clock())
-                    logger.debug("job retention sweep: %s", report)
+                    await self.sweep(self.clock())
             except Exception:
                 logger.exception("job maintenance failed; retrying")
             await asyncio.sleep(self.reap_every_s)

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -51,6 +52,14 @@ class FileStore(Protocol):
 
     def delete_tree(self, prefix: str) -> None:
         """Removes every file under `prefix` (idempotent)."""
+        ...
+
+    def children(self, prefix: str) -> list[str]:
+        """The names directly under `prefix` (files and folders), sorted; [] when none."""
+        ...
+
+    def modified_at(self, name: str) -> datetime | None:
+        """When the file (or the newest file of the folder) was last written; None if absent."""
         ...
 
 
@@ -110,6 +119,22 @@ class LocalFileStore:
         else:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+
+    def children(self, prefix: str) -> list[str]:
+        path = self._path(prefix)
+        return sorted(child.name for child in path.iterdir()) if path.is_dir() else []
+
+    def modified_at(self, name: str) -> datetime | None:
+        path = self._path(name)
+        try:
+            if path.is_dir():
+                times = [p.stat().st_mtime for p in path.rglob("*")] or [path.stat().st_mtime]
+                stamp = max(times)
+            else:
+                stamp = path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        return datetime.fromtimestamp(stamp, tz=timezone.utc)
 
 
 def _chunks(handle: BinaryIO, start: int, end: int, chunk: int) -> Iterator[bytes]:

@@ -95,6 +95,11 @@ class HarvestRepository:
                 raise IdempotencyRecordLost("the idempotency record is no longer running")
         return job_from_row(SimpleNamespace(**values))
 
+    async def unfinished(self, key_id: str) -> int:
+        """The key's harvests not ended (a read; the submit counts again under its lock)."""
+        async with self._engine.connect() as conn:
+            return await _unfinished(conn, key_id)
+
     async def used_this_month(self, key_id: str, now: datetime) -> int:
         async with self._engine.connect() as conn:
             return await _used(conn, quota_counter(key_id, now))

@@ -5,7 +5,7 @@ Times are the caller's `now`; a lease holder's writes are fenced on (id, attempt
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -304,9 +304,11 @@ class JobRepository:
         queued_ttl: timedelta = timedelta(hours=24),
         result_ttl: timedelta = timedelta(hours=24),
         metadata_ttl: timedelta = timedelta(days=7),
+        result_ttls: Mapping[str, timedelta] | None = None,
     ) -> SweepReport:
         """Retention: queued jobs expire, ended jobs lose request and result, then the rows go;
-        idempotency records past their retention go too. Each step is its own transaction."""
+        idempotency records past their retention go too. Each step is its own transaction.
+        `result_ttls` keeps the results of some kinds longer (a harvest's names its files)."""
         now = utc(now)
         c = jobs.c
         async with write_transaction(self._engine) as conn:
@@ -319,21 +321,27 @@ class JobRepository:
             deleted = await conn.execute(
                 delete(jobs).where(c.finished_at.is_not(None), c.finished_at < now - metadata_ttl)
             )
-        async with write_transaction(self._engine) as conn:
-            emptied = await conn.execute(
-                update(jobs)
-                .where(
-                    c.finished_at.is_not(None),
-                    c.finished_at < now - result_ttl,
-                    or_(c.request.is_not(None), c.result_body.is_not(None)),
+        ttls = dict(result_ttls or {})
+        emptied_rows = 0
+        for kinds, ttl in [(None, result_ttl), *((k, t) for k, t in ttls.items())]:
+            by_kind = c.kind.not_in(list(ttls)) if kinds is None else c.kind == kinds
+            async with write_transaction(self._engine) as conn:
+                emptied = await conn.execute(
+                    update(jobs)
+                    .where(
+                        by_kind,
+                        c.finished_at.is_not(None),
+                        c.finished_at < now - ttl,
+                        or_(c.request.is_not(None), c.result_body.is_not(None)),
+                    )
+                    .values(request=None, result_body=None, updated_at=now)
                 )
-                .values(request=None, result_body=None, updated_at=now)
-            )
+            emptied_rows += emptied.rowcount
         async with write_transaction(self._engine) as conn:
             idempotency_deleted = await delete_expired_on(conn, now)
         return SweepReport(
             expired=expired.rowcount,
-            emptied=emptied.rowcount,
+            emptied=emptied_rows,
             deleted=deleted.rowcount,
             idempotency_deleted=idempotency_deleted,
         )

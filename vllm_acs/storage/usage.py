@@ -91,6 +91,25 @@ class UsageRepository:
             await conn.execute(usage_rows.insert(), values)
             await _add_to_counters(conn, counter_increments(rows))
 
+    async def insert_once(self, row: UsageRow) -> bool:
+        """The row and its counters unless a row with its `request_id` (and key and month) is
+        there already: a step that may run again after a crash (a harvest's shard) is charged
+        once. True when it was written now."""
+        if row.request_id is None:
+            raise ValueError("insert_once needs the row's request_id")
+        period = month_of(row.created_at)
+        values = {**asdict(row), "period": period}
+        c = usage_rows.c
+        present = select(c.id).where(
+            c.key_id == row.key_id, c.period == period, c.request_id == row.request_id
+        )
+        async with write_transaction(self._engine) as conn:
+            if (await conn.execute(present.limit(1))).first() is not None:
+                return False
+            await conn.execute(usage_rows.insert(), [values])
+            await _add_to_counters(conn, counter_increments([row]))
+        return True
+
     async def read_settled(self, counters: Iterable[str]) -> dict[str, int]:
         names = list(counters)
         if not names:

@@ -107,7 +107,7 @@ def build_router(service: HarvestService) -> APIRouter:
             name = service.download_name(
                 job_id, file_name, params.get("expires"), params.get("signature")
             )
-            files = service._storage.files
+            files = service.files
             size = files.size(name) or 0
             wanted = byte_range(request.headers.get("range"), size)
             start, end = wanted or (0, size - 1)

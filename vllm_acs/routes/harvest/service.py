@@ -12,7 +12,7 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from ...contract.harvest_request import MAX_HARVEST_TOKENS, HarvestBody, parse_harvest_body
@@ -31,7 +31,7 @@ from ...errors import (
 )
 from ...harvest.download_urls import UrlRefused, UrlSigner
 from ...harvest.inputs import HarvestRequest, PreparedPrompts, prepare_prompts, save_input
-from ...harvest.job import KIND, MANIFEST, STATS, job_prefix
+from ...harvest.job import FILES_KEPT, KIND, MANIFEST, STATS, job_prefix
 from ...harvest.layers import LayerChoiceError, resolve_layers
 from ...harvest.manifest import Manifest
 from ...principal import Principal
@@ -42,14 +42,14 @@ from ...states import JobStatus
 from ...storage import Storage
 from ...storage.counters import AdmitRequest
 from ...storage.errors import BudgetExhausted, HarvestLimitReached, QueueFull, StartsExhausted
-from ...storage.files import FileNameError, check_name
+from ...storage.files import FileNameError, FileStore, check_name
 from ...storage.idempotency import IdempotencyTarget, StoredAnswer
 from ...storage.jobs import Job, NewJob
 from .protocol import STATE_OF_JOB, HarvestError, HarvestJob, HarvestResult, HarvestSubmitted
 
 HARVEST_PATH = "/v1/harvest"
 DOWNLOADS_PATH = "/downloads"
-URL_LIFETIME = timedelta(days=7)
+URL_LIFETIME = FILES_KEPT
 LONG_POLL_MAX_S = 60
 LONG_POLL_STEP_S = 0.5
 DECLINED_RETRY_S = 3
@@ -83,6 +83,10 @@ class HarvestService:
         self.storage, self.runner, self.signer = storage, runner, signer
 
     @property
+    def files(self) -> FileStore:
+        return self._storage.files
+
+    @property
     def _storage(self) -> Storage:
         if self.storage is None:
             raise RuntimeError("vllm_acs harvests: storage is not open (init_state did not run)")
@@ -95,6 +99,9 @@ class HarvestService:
     ) -> Answer:
         body, model, layers, prepared = await asyncio.to_thread(self._prepared, raw)
         storage = self._storage
+        # The key's running harvest first: that answer says more than its slots or budgets would.
+        if await storage.harvests.unfinished(principal.key_id) >= 1:
+            raise _limit_error(HarvestLimitReached("concurrency", 1))
         await self._check_budget(principal, prepared.inputs.n_tokens)
         now = self.clock()
         request = HarvestRequest(

@@ -1,0 +1,161 @@
+"""Harvest throughput against plain prefill, and what a harvest costs interactive requests, on one
+node, in one run.
+
+A real `vllm-acs serve` node of the tiny model (as tests/harness.py starts it) on loopback, one
+key. The same N prompts (VLLM_ACS_BENCH_HARVEST_PROMPTS, default 256, of PROMPT_TOKENS token ids
+each) go three ways:
+
+- plain: `POST /v1/completions`, max_tokens 1, as many in flight as a harvest keeps in the engine
+  (`harvest_prompts_in_flight`, 8): prompt tokens per second, first send to last answer;
+- harvest of the default 3 layers, and of all layers: prompt tokens per second over the run as
+  the node times it (`timings.wall_s`: first capture to last shard written) and from the client
+  (submit to seeing `done`), and the shard bytes written per second;
+- the p50 latency of a small completion (4 tokens) sent one after another on the idle node, then
+  while an all-layers harvest runs.
+
+Run: `python -m benchmarks.harvest_throughput` (a few minutes on two cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from benchmarks._node import tiny_node, unlimited_key
+from tests.harness import MODEL_ID, ServerProcess
+
+PROMPTS = int(os.environ.get("VLLM_ACS_BENCH_HARVEST_PROMPTS", "256"))
+PROMPT_TOKENS = 128
+IN_FLIGHT = 8
+SMALL = {"model": MODEL_ID, "prompt": "The sky is", "max_tokens": 4, "temperature": 0}
+SMALL_REQUESTS = 30
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(3, 1000, size=PROMPT_TOKENS)] for _ in range(PROMPTS)]
+
+
+@dataclass
+class HarvestRun:
+    layers: str
+    node_tokens_per_s: float
+    client_tokens_per_s: float
+    bytes_per_s: float
+
+
+async def plain_prefill(client: httpx.AsyncClient, prompts: list[list[int]]) -> float:
+    gate = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one(prompt: list[int]) -> None:
+        async with gate:
+            body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+            answer = await client.post("/v1/completions", json=body)
+            if answer.status_code != 200:
+                raise RuntimeError(f"completion answered {answer.status_code}: {answer.text}")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in prompts))
+    return sum(map(len, prompts)) / (time.perf_counter() - started)
+
+
+async def harvest(
+    client: httpx.AsyncClient, prompts: list[list[int]], layers: Any
+) -> tuple[HarvestRun, dict[str, Any]]:
+    body: dict[str, Any] = {"model": MODEL_ID, "prompts": prompts, "shard_size": 32}
+    if layers is not None:
+        body["layers"] = layers
+    started = time.perf_counter()
+    submitted = await client.post("/v1/harvest", json=body)
+    if submitted.status_code != 202:
+        raise RuntimeError(f"harvest answered {submitted.status_code}: {submitted.text}")
+    job_id = submitted.json()["job_id"]
+    while True:
+        job = (await client.get(f"/v1/harvest/{job_id}")).json()
+        if job["status"] not in ("pending", "running"):
+            break
+        await asyncio.sleep(0.05)
+    seen = time.perf_counter() - started
+    if job["status"] != "done":
+        raise RuntimeError(f"harvest ended {job['status']}: {job.get('error')}")
+    timings = job["result"]["timings"]
+    manifest = (await client.get(job["result"]["manifest_url"])).json()
+    written = sum(shard["bytes"] for shard in manifest["shards"])
+    tokens = timings["tokens"]
+    run = HarvestRun(
+        "default (3)" if layers is None else str(layers),
+        tokens / timings["wall_s"],
+        tokens / seen,
+        written / timings["wall_s"],
+    )
+    return run, job
+
+
+async def small_latencies(client: httpx.AsyncClient, count: int = SMALL_REQUESTS) -> list[float]:
+    latencies = []
+    for _ in range(count):
+        started = time.perf_counter()
+        answer = await client.post("/v1/completions", json=SMALL)
+        if answer.status_code != 200:
+            raise RuntimeError(f"small completion answered {answer.status_code}")
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+async def _measure(server: ServerProcess, secret: str) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {secret}"}
+    async with httpx.AsyncClient(
+        base_url=server.base_url, headers=headers, timeout=600, trust_env=False
+    ) as client:
+        await plain_prefill(client, _prompts(0)[:16])  # warm up
+        await small_latencies(client, 5)
+        prompts = _prompts(1)
+        plain = await plain_prefill(client, prompts)
+        three, _ = await harvest(client, prompts, None)
+        every, _ = await harvest(client, prompts, "all")
+        idle = await small_latencies(client)
+        # During a harvest: its run starts, then the small requests go one after another.
+        running = asyncio.create_task(harvest(client, _prompts(2) * 2, "all"))
+        await asyncio.sleep(0.5)
+        busy = await small_latencies(client)
+        await running
+    return {"plain": plain, "runs": [three, every], "idle": idle, "busy": busy}
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        node = tiny_node(Path(tmp))
+        try:
+            node.start()
+            secret = unlimited_key(node)
+            result = asyncio.run(_measure(node, secret))
+        finally:
+            node.stop()
+    plain = result["plain"]
+    print(f"{PROMPTS} prompts of {PROMPT_TOKENS} token ids, one node (tiny model), loopback.")
+    print(f"plain 1-token completions, {IN_FLIGHT} in flight: {plain:,.0f} prompt tokens/s")
+    print(f"{'layers':<12} {'node tok/s':>11} {'x plain':>8} {'client tok/s':>13} {'MB/s':>7}")
+    for run in result["runs"]:
+        print(
+            f"{run.layers:<12} {run.node_tokens_per_s:11,.0f} {run.node_tokens_per_s / plain:8.2f} "
+            f"{run.client_tokens_per_s:13,.0f} {run.bytes_per_s / 1e6:7.2f}"
+        )
+    idle, busy = statistics.median(result["idle"]), statistics.median(result["busy"])
+    print(
+        f"small completion p50: idle {idle:.1f} ms, during a harvest {busy:.1f} ms "
+        f"({busy / idle:.2f}x)"
+    )
+    print("target: 3 layers >= 0.8x plain prefill")
+
+
+if __name__ == "__main__":
+    main()
