@@ -6,7 +6,8 @@ key. The same N prompts (VLLM_ACS_BENCH_HARVEST_PROMPTS, default 256, of PROMPT_
 each) go three ways:
 
 - plain: `POST /v1/completions`, max_tokens 1, as many in flight as a harvest keeps in the engine
-  (`harvest_prompts_in_flight`, 8): prompt tokens per second, first send to last answer;
+  (`harvest_prompts_in_flight`: VLLM_ACS_BENCH_HARVEST_IN_FLIGHT, default 8, the node's default):
+  prompt tokens per second, first send to last answer;
 - harvest of the default 3 layers, and of all layers: prompt tokens per second over the run as
   the node times it (`timings.wall_s`: first capture to last shard written) and from the client
   (submit to seeing `done`), and the shard bytes written per second;
@@ -35,7 +36,9 @@ from tests.harness import MODEL_ID, ServerProcess
 
 PROMPTS = int(os.environ.get("VLLM_ACS_BENCH_HARVEST_PROMPTS", "256"))
 PROMPT_TOKENS = 128
-IN_FLIGHT = 8
+# The node's harvest_prompts_in_flight (and the plain side's concurrency): the trade between a
+# harvest's speed and the latency of interactive requests beside it.
+IN_FLIGHT = int(os.environ.get("VLLM_ACS_BENCH_HARVEST_IN_FLIGHT", "8"))
 SMALL = {"model": MODEL_ID, "prompt": "The sky is", "max_tokens": 4, "temperature": 0}
 SMALL_REQUESTS = 30
 
@@ -134,6 +137,7 @@ async def _measure(server: ServerProcess, secret: str) -> dict[str, Any]:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         node = tiny_node(Path(tmp))
+        node.env["VLLM_ACS_HARVEST_PROMPTS_IN_FLIGHT"] = str(IN_FLIGHT)
         try:
             node.start()
             secret = unlimited_key(node)
