@@ -131,25 +131,25 @@ def test_tokens_are_the_prompts_ids_and_the_long_one_is_cut(harvested, tiny_mode
             assert tokens[0].item() == bos
 
 
-@pytest.mark.parametrize("index", [0, 1, 5, 12, 30, 39])
-def test_every_shard_tensor_equals_the_inline_capture(harvested, index):
+def test_every_shard_tensor_equals_the_inline_capture(harvested):
     tensors = _tensors(harvested)
-    tokens = tensors[f"tokens_{index}"].tolist()
-    inline = harvested["client"].post(
-        "/v1/completions",
-        json={
-            "model": MODEL_ID,
-            "prompt": tokens,
-            "max_tokens": 1,
-            "temperature": 0,
-            "output_residual_stream": LAYERS,
-        },
-    )
-    assert inline.status_code == 200, inline.text
-    expected = decode_residual_stream(inline.json())  # float32, exact bf16 values
-    got = tensors[f"prompt_{index}"].float().numpy()
-    assert got.shape == expected.shape
-    np.testing.assert_array_equal(got, expected)
+    for index in range(40):
+        tokens = tensors[f"tokens_{index}"].tolist()
+        inline = harvested["client"].post(
+            "/v1/completions",
+            json={
+                "model": MODEL_ID,
+                "prompt": tokens,
+                "max_tokens": 1,
+                "temperature": 0,
+                "output_residual_stream": LAYERS,
+            },
+        )
+        assert inline.status_code == 200, inline.text
+        expected = decode_residual_stream(inline.json())  # float32, exact bf16 values
+        got = tensors[f"prompt_{index}"].float().numpy()
+        assert got.shape == expected.shape, index
+        np.testing.assert_array_equal(got, expected, err_msg=f"prompt {index}")
 
 
 def test_stats_equal_numpy_over_the_shards_without_bos(harvested):
@@ -198,6 +198,13 @@ def test_a_tampered_or_unsigned_url_is_refused(harvested):
         assert answer.status_code == 403, bad
         assert answer.json()["error"]["code"] == "download_url_invalid"
         assert answer.headers["x-should-retry"] == "false"
+
+
+def test_a_harvest_is_not_a_completion_job(harvested):
+    job_id = harvested["job"]["job_id"]
+    for path in (f"/v1/completion-jobs/{job_id}", f"/v1/completion-jobs/{job_id}/result"):
+        answer = harvested["client"].get(path)
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "job_not_found"
 
 
 def test_another_keys_id_is_harvest_job_not_found(acs_server, harvested):

@@ -1,5 +1,6 @@
-"""A harvest's shard files: `shard_00000.safetensors`, ... each holding, for the prompts it covers,
-`prompt_{i}` (bf16 `[n_layers_kept, n_tokens, hidden]`) and `tokens_{i}` (int32 `[n_tokens]`).
+"""A harvest's safetensors files: the shards (`shard_00000.safetensors`, ... each holding, for the
+prompts it covers, `prompt_{i}` (bf16 `[n_layers_kept, n_tokens, hidden]`) and `tokens_{i}` (int32
+`[n_tokens]`)), `stats.safetensors`, and the statistics' saved state a resumed run starts from.
 
 API server process (the harvest job). The activations arrive as the bf16 bits the workers wrote
 (uint16); they are reinterpreted, never converted, so a shard holds exactly what was captured.

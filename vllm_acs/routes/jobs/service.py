@@ -125,7 +125,7 @@ class JobService:
 
     async def get(self, job_id: str, principal: Principal) -> Job:
         job = await self._storage.jobs.get(job_id, principal.key_id)
-        if job is None:
+        if job is None or job.kind != KIND:  # a harvest is read at /v1/harvest/{id}
             raise JobNotFound(f"No completion job {job_id!r} for this API key.", param="job_id")
         return job
 
