@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -188,6 +191,21 @@ def test_a_range_request_returns_those_bytes(harvested):
     outside = httpx.get(url, headers={"Range": f"bytes={len(whole)}-"})
     assert outside.status_code == 416
     assert outside.json()["error"]["code"] == "range_not_satisfiable"
+
+
+def test_an_expired_url_is_refused(acs_server, harvested):
+    # Signed with this deployment's own secret, but an hour in the past.
+    from vllm_acs.harvest.download_urls import UrlSigner, load_or_create_secret
+
+    secret = load_or_create_secret(None, Path(acs_server.env["VLLM_ACS_HOME"]))
+    path = urlsplit(harvested["job"]["result"]["stats_url"]).path
+    expired = UrlSigner(secret).sign(path, datetime.now(timezone.utc) - timedelta(hours=1))
+    answer = httpx.get(f"{acs_server.base_url}{expired}")
+    assert answer.status_code == 403
+    assert answer.json()["error"]["code"] == "download_url_invalid"
+    assert "expired" in answer.json()["error"]["message"]
+    fresh = UrlSigner(secret).sign(path, datetime.now(timezone.utc) + timedelta(hours=1))
+    assert httpx.get(f"{acs_server.base_url}{fresh}").status_code == 200
 
 
 def test_a_tampered_or_unsigned_url_is_refused(harvested):

@@ -1,13 +1,16 @@
-"""The harvest read's long-poll, on the service alone (a stand-in job store): past the node's
+"""The harvest read on the service alone (a stand-in job store): past the node's
 number of waiting reads it answers at once with `X-Acs-Longpoll: declined` and `Retry-After: 3`;
-otherwise it holds until the status changes."""
+otherwise it holds until the status changes; the URLs it answers expire 7 days after the harvest
+ended (an explicit clock)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
+
+import pytest
 
 from vllm_acs.principal import KeyLimits, Principal
 from vllm_acs.routes.harvest import service as service_module
@@ -52,8 +55,13 @@ class _Jobs:
 
 
 class _NoFiles:
+    """No manifest yet; every other file reads as present."""
+
     def read(self, name: str) -> bytes:
         raise FileNotFoundError(name)
+
+    def size(self, name: str) -> int:
+        return 1
 
 
 def _service(long_polls: int) -> tuple[HarvestService, _Jobs]:
@@ -96,3 +104,37 @@ def test_it_answers_when_the_status_changes(monkeypatch):
         return answer.body
 
     assert asyncio.run(scenario())["status"] == "cancelled"
+
+
+def test_urls_expire_seven_days_after_the_harvest_ended():
+    from vllm_acs.errors import DownloadRefused
+    from vllm_acs.harvest.download_urls import UrlSigner
+
+    clock = {"now": NOW}
+    service = HarvestService(NodeModels(), Settings(), lambda: clock["now"])
+    jobs = _Jobs()
+    result = '{"n_shards": 1, "layer_indices": [1], "files": ["shard_00000.safetensors"]}'
+    jobs.job = replace(
+        JOB, status=JobStatus.SUCCEEDED, finished_at=NOW, result_status=200, result_body=result
+    )
+    service.storage = SimpleNamespace(jobs=jobs, files=_NoFiles())  # type: ignore[assignment]
+    service.signer = UrlSigner(b"secret")
+
+    def shown() -> dict:
+        return asyncio.run(service.read("job_1", _principal(), None, "http://node")).body
+
+    fresh = shown()
+    assert fresh["urls_expired"] is False and fresh["urls_expire_at"].startswith("2026-12-08T12:00")
+    query = dict(p.split("=") for p in fresh["result"]["shard_urls"][0].split("?")[1].split("&"))
+
+    def download() -> str:
+        return service.download_name(
+            "job_1", "shard_00000.safetensors", query["expires"], query["signature"]
+        )
+
+    clock["now"] = NOW + timedelta(days=7) - timedelta(seconds=1)
+    assert download() == "harvests/job_1/shard_00000.safetensors"
+    clock["now"] = NOW + timedelta(days=7)
+    assert shown()["urls_expired"] is True
+    with pytest.raises(DownloadRefused, match="expired"):
+        download()
