@@ -204,3 +204,13 @@ def running_server(
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def started(server: ServerProcess) -> Iterator[ServerProcess]:
+    """`server` started, and stopped at the end however it ends (a server made by the test)."""
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -8,13 +8,11 @@ on the same VLLM_ACS_HOME and a new port.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +21,13 @@ import numpy as np
 import pytest
 from safetensors.torch import load
 
-from tests.harness import MODEL_ID, ServerProcess, group_members
+from tests.harness import MODEL_ID, ServerProcess, group_members, started
 
 pytestmark = pytest.mark.e2e
 
 N_PROMPTS, SHARD_SIZE = 240, 4
 N_SHARDS = N_PROMPTS // SHARD_SIZE
 KILL_AFTER_SHARDS = 3
-
-
-@contextlib.contextmanager
-def started(server: ServerProcess) -> Iterator[ServerProcess]:
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _node(model_dir: Path, home: Path, name: str) -> ServerProcess:

@@ -7,19 +7,17 @@ the same VLLM_ACS_HOME (the same database) and a new port.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.harness import ServerProcess, group_members
+from tests.harness import ServerProcess, group_members, started
 
 pytestmark = pytest.mark.e2e
 
@@ -32,15 +30,6 @@ JOB_LEASE_MS = 3000
 HELD_AT_ADMISSION = ("--max-running", "0", "--max-waiting", "4")
 BODY = {"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 64, "temperature": 0}
 ENDED = {"succeeded", "failed", "cancelled", "expired"}
-
-
-@contextlib.contextmanager
-def started(server: ServerProcess) -> Iterator[ServerProcess]:
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _node(model_dir: Path, home: Path, name: str) -> ServerProcess:

@@ -10,30 +10,15 @@ from __future__ import annotations
 import re
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
-from ...errors import AcsError, InternalError, InvalidRequest, RequestedRangeInvalid
-from ...principal import PRINCIPAL_STATE_KEY, Principal
+from ...errors import AcsError, InvalidRequest, RequestedRangeInvalid
 from ...storage.idempotency import IDEMPOTENCY_STATE_KEY, IdempotencyClaim
+from ..answers import principal_of, response_of
 from ..error_response import error_response
-from .service import DOWNLOADS_PATH, HARVEST_PATH, LONG_POLL_MAX_S, Answer, HarvestService
+from .service import DOWNLOADS_PATH, HARVEST_PATH, LONG_POLL_MAX_S, HarvestService
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
-
-
-def _principal(request: Request) -> Principal:
-    principal = getattr(request.state, PRINCIPAL_STATE_KEY, None)
-    if not isinstance(principal, Principal):
-        raise InternalError()
-    return principal
-
-
-def _answer(answer: Answer) -> Response:
-    if isinstance(answer.body, str):
-        return Response(
-            answer.body, answer.status, headers=answer.headers, media_type="application/json"
-        )
-    return JSONResponse(answer.body, answer.status, headers=answer.headers)
 
 
 def _base_url(request: Request) -> str:
@@ -76,10 +61,10 @@ def build_router(service: HarvestService) -> APIRouter:
         try:
             claim = getattr(request.state, IDEMPOTENCY_STATE_KEY, None)
             target = claim.target if isinstance(claim, IdempotencyClaim) else None
-            answer = await service.submit(await request.body(), _principal(request), target)
+            answer = await service.submit(await request.body(), principal_of(request), target)
             if isinstance(claim, IdempotencyClaim):
                 claim.completed = True  # stored with the job, in its transaction
-            return _answer(answer)
+            return response_of(answer)
         except AcsError as error:
             return error_response(request, error)
 
@@ -87,8 +72,8 @@ def build_router(service: HarvestService) -> APIRouter:
     async def read(request: Request, job_id: str) -> Response:
         try:
             wait = _wait(request)
-            return _answer(
-                await service.read(job_id, _principal(request), wait, _base_url(request))
+            return response_of(
+                await service.read(job_id, principal_of(request), wait, _base_url(request))
             )
         except AcsError as error:
             return error_response(request, error)
@@ -96,7 +81,9 @@ def build_router(service: HarvestService) -> APIRouter:
     @router.delete(HARVEST_PATH + "/{job_id}")
     async def cancel(request: Request, job_id: str) -> Response:
         try:
-            return _answer(await service.cancel(job_id, _principal(request), _base_url(request)))
+            return response_of(
+                await service.cancel(job_id, principal_of(request), _base_url(request))
+            )
         except AcsError as error:
             return error_response(request, error)
 

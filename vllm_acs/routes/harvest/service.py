@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -45,6 +44,7 @@ from ...storage.errors import BudgetExhausted, HarvestLimitReached, QueueFull, S
 from ...storage.files import FileNameError, FileStore, check_name
 from ...storage.idempotency import IdempotencyTarget, StoredAnswer
 from ...storage.jobs import Job, NewJob
+from ..answers import Answer
 from .protocol import STATE_OF_JOB, HarvestError, HarvestJob, HarvestResult, HarvestSubmitted
 
 HARVEST_PATH = "/v1/harvest"
@@ -54,13 +54,6 @@ LONG_POLL_MAX_S = 60
 LONG_POLL_STEP_S = 0.5
 DECLINED_RETRY_S = 3
 PUBLIC_FILES = (MANIFEST, STATS)
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    body: dict[str, Any] | str
-    headers: dict[str, str]
 
 
 def _iso(moment: datetime | None) -> str | None:

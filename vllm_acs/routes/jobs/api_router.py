@@ -10,28 +10,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ...errors import AcsError, InternalError
-from ...principal import PRINCIPAL_STATE_KEY, Principal
 from ...storage.idempotency import IDEMPOTENCY_STATE_KEY, IdempotencyClaim
+from ..answers import principal_of, response_of
 from ..error_response import error_response
 from .protocol import job_object
-from .service import JOBS_PATH, Answer, JobService
+from .service import JOBS_PATH, JobService
 
 REQUEST_ID_HEADER = "x-request-id"
-
-
-def _principal(request: Request) -> Principal:
-    principal = getattr(request.state, PRINCIPAL_STATE_KEY, None)
-    if not isinstance(principal, Principal):
-        raise InternalError()
-    return principal
-
-
-def _answer(answer: Answer) -> Response:
-    if isinstance(answer.body, str):
-        return Response(
-            answer.body, answer.status, headers=answer.headers, media_type="application/json"
-        )
-    return JSONResponse(answer.body, answer.status, headers=answer.headers)
 
 
 def build_router(service: JobService) -> APIRouter:
@@ -45,20 +30,20 @@ def build_router(service: JobService) -> APIRouter:
                 raise InternalError()
             answer = await service.submit(
                 await request.body(),
-                _principal(request),
+                principal_of(request),
                 claim.target,
                 request.headers.get(REQUEST_ID_HEADER),
                 request.headers.get("x-acs-workload"),
             )
             claim.completed = True  # stored with the job, in its transaction
-            return _answer(answer)
+            return response_of(answer)
         except AcsError as error:
             return error_response(request, error)
 
     @router.get(JOBS_PATH + "/{job_id}")
     async def read(request: Request, job_id: str) -> Response:
         try:
-            job = await service.get(job_id, _principal(request))
+            job = await service.get(job_id, principal_of(request))
             return JSONResponse(job_object(job).model_dump())
         except AcsError as error:
             return error_response(request, error)
@@ -66,14 +51,14 @@ def build_router(service: JobService) -> APIRouter:
     @router.get(JOBS_PATH + "/{job_id}/result")
     async def result(request: Request, job_id: str) -> Response:
         try:
-            return _answer(await service.result(job_id, _principal(request)))
+            return response_of(await service.result(job_id, principal_of(request)))
         except AcsError as error:
             return error_response(request, error)
 
     @router.delete(JOBS_PATH + "/{job_id}")
     async def cancel(request: Request, job_id: str) -> Response:
         try:
-            job = await service.cancel(job_id, _principal(request))
+            job = await service.cancel(job_id, principal_of(request))
             return JSONResponse(job_object(job).model_dump())
         except AcsError as error:
             return error_response(request, error)

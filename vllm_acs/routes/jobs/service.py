@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -33,16 +32,10 @@ from ...storage import Storage
 from ...storage.errors import JobCapacityReached, StartsExhausted
 from ...storage.idempotency import IdempotencyTarget, StoredAnswer
 from ...storage.jobs import ATTEMPTS_EXHAUSTED, Job, NewJob
+from ..answers import Answer
 from .protocol import job_object, queued_object
 
 JOBS_PATH = "/v1/completion-jobs"
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    body: dict[str, Any] | str
-    headers: dict[str, str]
 
 
 class JobService:
