@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from .jobs.runner import JobRunner
     from .routes.harvest.service import HarvestService
     from .routes.jobs.service import JobService
+    from .routes.looms.generation_service import GenerationService
+    from .routes.looms.service import LoomService
     from .settings import Settings
     from .storage import Storage
 
@@ -71,6 +73,8 @@ class AcsEndpointPlugin:
         self.app: FastAPI | None = None
         self.jobs: JobService | None = None
         self.harvests: HarvestService | None = None
+        self.looms: LoomService | None = None
+        self.generations: GenerationService | None = None
         self.runner: JobRunner | None = None
         self.engine_client: Any = None
 
@@ -97,6 +101,9 @@ class AcsEndpointPlugin:
         from .routes.harvest.service import HARVEST_PATH, HarvestService
         from .routes.jobs.api_router import build_router as build_jobs_router
         from .routes.jobs.service import JobService
+        from .routes.looms.api_router import build_router as build_looms_router
+        from .routes.looms.generation_service import GenerationService
+        from .routes.looms.service import IMPORT_PATH, LoomService
         from .routes.models.api_router import build_router
         from .routes.openapi import build_openapi
         from .settings import Settings
@@ -115,6 +122,9 @@ class AcsEndpointPlugin:
         app.include_router(build_jobs_router(self.jobs))
         self.harvests = HarvestService(self.models, settings, utc_now)
         app.include_router(build_harvest_router(self.harvests))
+        self.looms = LoomService(settings, utc_now)
+        self.generations = GenerationService(self.looms, self.models, settings, utc_now)
+        app.include_router(build_looms_router(self.looms, self.generations))
         document = build_openapi(settings, __version__)
         app.openapi = lambda: document  # type: ignore[method-assign]
         surface = Surface(settings.expose_vllm_routes, metrics=settings.expose_metrics)
@@ -129,7 +139,10 @@ class AcsEndpointPlugin:
         app.add_middleware(
             BodyLimitMiddleware,
             limit_bytes=settings.body_limit_bytes,
-            route_limits={HARVEST_PATH: HARVEST_BODY_LIMIT_BYTES},
+            route_limits={
+                HARVEST_PATH: HARVEST_BODY_LIMIT_BYTES,
+                IMPORT_PATH: settings.loom_import_max_bytes,
+            },
         )
         app.add_middleware(ErrorEnvelopeMiddleware)
         app.add_middleware(GZipMiddleware, minimum_size=500)
@@ -152,23 +165,41 @@ class AcsEndpointPlugin:
         from .middleware.idempotency import IdempotencyMiddleware
         from .routes.harvest.service import HARVEST_PATH
         from .routes.jobs.service import JOBS_PATH
+        from .routes.looms.api_router import NODE
+        from .routes.looms.service import IMPORT_PATH, LOOMS_PATH
 
         if self.storage is None:
             raise RuntimeError("vllm_acs storage is not open: init_state did not run")
-        # Path -> whether the key is required there (shared/spec/DECISIONS.md).
-        return IdempotencyMiddleware(
-            inner, self.storage.idempotency, {JOBS_PATH: True, HARVEST_PATH: False}
-        )
+        # Path template -> whether the key is required there (shared/spec/DECISIONS.md).
+        routes = {JOBS_PATH: True, HARVEST_PATH: False, LOOMS_PATH: False, IMPORT_PATH: False}
+        routes[NODE + "/branch"] = False
+        return IdempotencyMiddleware(inner, self.storage.idempotency, routes)
 
     def _start_jobs(self, settings: Settings) -> None:
         from .harvest.download_urls import UrlSigner, load_or_create_secret
         from .harvest.job import KIND as HARVEST_KIND
         from .jobs.completion import KIND, CompletionJobKind
-        from .jobs.runner import JobRunner
+        from .jobs.runner import JobRunner, utc_now
+        from .looms.branch import KIND as LOOM_BRANCH_KIND
+        from .looms.branch import LoomBranchKind
 
         assert self.storage is not None and self.app is not None and self.jobs is not None
+        assert self.looms is not None and self.generations is not None
         completions = CompletionJobKind(self.app, self.storage.keys, settings)
-        kinds: dict[str, Any] = {KIND: completions, HARVEST_KIND: self._harvest_kind(completions)}
+        branches = LoomBranchKind(
+            self.app,
+            self.storage.looms,
+            self.storage.idempotency,
+            self.generations.progress,
+            settings,
+            completions.current_principal,
+            utc_now,
+        )
+        kinds: dict[str, Any] = {
+            KIND: completions,
+            HARVEST_KIND: self._harvest_kind(completions),
+            LOOM_BRANCH_KIND: branches,
+        }
         self.runner = JobRunner(
             self.storage.jobs,
             kinds,
@@ -179,6 +210,8 @@ class AcsEndpointPlugin:
         self.jobs.bind(self.storage, self.runner)
         signer = UrlSigner(load_or_create_secret(settings.url_secret, settings.home))
         self.harvests.bind(self.storage, self.runner, signer)
+        self.looms.bind(self.storage)
+        self.generations.bind(self.storage, self.runner, self.app)
         self.runner.start()
 
     def _harvest_kind(self, completions: Any) -> Any:

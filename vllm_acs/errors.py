@@ -397,3 +397,48 @@ class RequestedRangeInvalid(AcsError):
     def __init__(self, message: str, size: int, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.headers.setdefault("content-range", f"bytes */{size}")
+
+
+class LoomNotFound(NotFound):
+    """A Loom id this key does not own (another key's Loom is a 404 too, never a 403)."""
+
+    code = "loom_not_found"
+
+
+class LoomNodeNotFound(NotFound):
+    """A Node id that is not in the Loom."""
+
+    code = "loom_node_not_found"
+
+
+class LoomNodeConflict(AcsError):
+    """An operation the Node's status (or place: the root) forbids; the message names it."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "loom_node_conflict"
+    never_retry = True
+
+
+class LoomNodeLimit(AcsError):
+    """The change would give the Loom more Nodes than the operator allows."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "loom_node_limit"
+    never_retry = True
+
+
+class LoomCapacity(AcsError):
+    """The key has as many Looms as it may have."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "loom_capacity"
+    never_retry = True
+
+
+class LoomFileInvalid(InvalidRequest):
+    """An import file that cannot become a Loom (malformed, cyclic, over a limit)."""
+
+    code = "loom_file_invalid"

@@ -6,7 +6,9 @@ A leaf module used in the API server process: AuthMiddleware stores one on
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 PRINCIPAL_STATE_KEY = "acs_principal"
 SCOPES: frozenset[str] = frozenset({"completions", "jobs", "harvest", "looms"})
@@ -69,3 +71,6 @@ class Replay:
 
     principal: Principal
     job_id: str
+    # Fields of vLLM's own request that go to the engine beside the validated body, which no
+    # client may send (a Loom branch asks for `return_token_ids`).
+    vllm_fields: Mapping[str, Any] = field(default_factory=dict)

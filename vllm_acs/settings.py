@@ -90,6 +90,12 @@ class Settings:
     # The secret that signs download URLs (harvest files). Unset: one is made and kept in `home`
     # (url-secret); nodes that share a deployment must share it.
     url_secret: str | None = field(default=None, repr=False)
+    # Looms: Nodes in one Loom (`409 loom_node_limit`), characters of text in one Node, bytes of
+    # an import file (`413`), and Looms per key (`429 loom_capacity`).
+    loom_max_nodes: int = 10_000
+    loom_max_text_chars: int = 100_000
+    loom_import_max_bytes: int = 16 * 1024 * 1024
+    looms_per_key: int = 1_000
 
     @property
     def resolved_files_dir(self) -> Path:

@@ -27,10 +27,14 @@ class PublicRoute:
         return self.pattern.fullmatch(path) is not None
 
 
-def _route(template: str, *methods: str) -> PublicRoute:
+def template_pattern(template: str) -> re.Pattern[str]:
+    """`/v1/looms/{loom_id}` as a pattern a path fully matches: each `{name}` one segment."""
     parts = re.split(r"(\{[a-z_]+\})", template)
-    regex = "".join("[^/]+" if part.startswith("{") else re.escape(part) for part in parts)
-    return PublicRoute(template, re.compile(regex), frozenset(methods))
+    return re.compile("".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts))
+
+
+def _route(template: str, *methods: str) -> PublicRoute:
+    return PublicRoute(template, template_pattern(template), frozenset(methods))
 
 
 PUBLIC_V1_ROUTES: tuple[PublicRoute, ...] = (
@@ -43,6 +47,19 @@ PUBLIC_V1_ROUTES: tuple[PublicRoute, ...] = (
     _route("/v1/completion-jobs/{job_id}/result", "GET"),
     _route("/v1/harvest", "POST"),
     _route("/v1/harvest/{job_id}", "GET", "DELETE"),
+    _route("/v1/looms", "POST", "GET"),
+    # Before /v1/looms/{loom_id}: `import` is no Loom id.
+    _route("/v1/looms/import", "POST"),
+    _route("/v1/looms/{loom_id}", "GET", "PATCH", "DELETE"),
+    _route("/v1/looms/{loom_id}/export", "GET"),
+    _route("/v1/looms/{loom_id}/nodes/{node_id}", "GET", "PATCH", "DELETE"),
+    _route("/v1/looms/{loom_id}/nodes/{node_id}/text", "GET"),
+    _route("/v1/looms/{loom_id}/nodes/{node_id}/branch", "POST"),
+    _route("/v1/looms/{loom_id}/nodes/{node_id}/split", "POST"),
+    _route("/v1/looms/{loom_id}/nodes/{node_id}/children", "POST"),
+    _route("/v1/looms/{loom_id}/nodes/{node_id}/siblings", "POST"),
+    _route("/v1/looms/{loom_id}/nodes/{node_id}/replay", "POST"),
+    _route("/v1/looms/{loom_id}/nodes/{node_id}/score", "POST"),
 )
 # Outside /v1: liveness, the API's description and its browsable UI (FastAPI's, as vLLM builds
 # it; with --enable-offline-docs the UI's files under /static stay closed).

@@ -83,6 +83,17 @@ class JobRunner:
         """A job was submitted on this node: look for work now rather than at the next poll."""
         self._wake.set()
 
+    def adopt(self, job: Job) -> None:
+        """Runs a job this process submitted already claimed (`JobRepository.submit(claimed_by=
+        (runner.owner, runner.lease_s))`): a Loom branch, whose submitter streams its progress.
+        It runs under the lease like any claimed job, outside the claim loop's concurrency."""
+        if self._closing:
+            return  # its lease will expire and another process (or the restart) takes it
+        self._running[job.id] = asyncio.Event()
+        task = asyncio.create_task(self._run(job), name=f"acs-job-{job.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def stop_job(self, job_id: str) -> None:
         """Stops a job this process runs (it was cancelled): its engine request is aborted."""
         stop = self._running.get(job_id)

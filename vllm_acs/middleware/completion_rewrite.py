@@ -8,13 +8,18 @@ checkpoint and `max_tokens` is the admitted value. Every answer of the route car
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
+from ..principal import REPLAY_SCOPE_KEY, Replay
 from .asgi import ASGIApp, Message, Receive, Scope, Send, replay_body, with_header
 
 
-def vllm_body(validated: ValidatedCompletion) -> bytes:
+def vllm_body(validated: ValidatedCompletion, extra: Mapping[str, Any] | None = None) -> bytes:
+    """`extra`: vLLM fields a replay of the node's own adds (`principal.Replay.vllm_fields`)."""
     body = {
+        **(extra or {}),
         **validated.fields,
         "model": validated.model.checkpoint,
         "max_tokens": validated.max_tokens,
@@ -51,7 +56,8 @@ class CompletionRewriteMiddleware:
         if scope["type"] != "http" or validated is None:
             await self.app(scope, receive, send)
             return
-        body = vllm_body(validated)
+        replay = scope.get(REPLAY_SCOPE_KEY)
+        body = vllm_body(validated, replay.vllm_fields if isinstance(replay, Replay) else None)
         scope = with_header(scope, b"content-length", str(len(body)).encode())
         scope = with_header(scope, b"content-type", b"application/json")
 

@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
+from ..contract.routes import template_pattern
 from ..errors import (
     AcsError,
     IdempotencyConflict,
@@ -72,19 +73,25 @@ class IdempotencyMiddleware:
     ) -> None:
         self.app = app
         self.records = records
-        # Path -> whether the key is required there (optional elsewhere).
-        self.routes = dict(routes)
+        # Path template (`/v1/looms/{loom_id}/nodes/{node_id}/branch`) -> whether the key is
+        # required there (optional elsewhere).
+        self.routes = [(template_pattern(t), required) for t, required in routes.items()]
         self.clock = clock
+
+    def _required(self, path: str) -> bool | None:
+        """Whether this writing POST needs the key; None: not a route with idempotency."""
+        return next((required for p, required in self.routes if p.fullmatch(path)), None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or scope.get("method") != "POST" or path not in self.routes:
+        required = self._required(path) if scope.get("method") == "POST" else None
+        if scope["type"] != "http" or required is None:
             await self.app(scope, receive, send)
             return
         principal = scope.get("state", {}).get(PRINCIPAL_STATE_KEY)
         value = header(scope, b"idempotency-key")
         try:
-            if value is None and self.routes[path]:
+            if value is None and required:
                 raise InvalidRequest(
                     f"POST {path} needs an Idempotency-Key header (1-255 printable ASCII "
                     "characters): a resent submit with the same key returns the first answer.",

@@ -1,5 +1,5 @@
 """Opening storage: the engine (SQLite or PostgreSQL), the schema check, repositories (jobs,
-harvests and idempotency records among them), the job files, counters.
+harvests, Looms and idempotency records among them), the job files, counters.
 
 API server process (`await open_storage(settings)` at start, `await storage.close()` at stop) and
 the CLI. An embedded SQLite is upgraded here; PostgreSQL must be upgraded by the operator first.
@@ -31,6 +31,7 @@ from .harvests import HarvestRepository
 from .idempotency import IdempotencyRecords
 from .jobs import JobRepository
 from .ledger import UsageLedger
+from .looms import LoomRepository
 from .migrate import current_revision, head_revision, upgrade
 from .usage import UsageRepository, UsageRow
 
@@ -88,6 +89,7 @@ class Storage:
     harvests: HarvestRepository
     # Job files (harvest shards): a local directory now, an object store where nodes share them.
     files: FileStore
+    looms: LoomRepository
 
     async def close(self) -> None:
         await self.ledger.close()
@@ -169,4 +171,5 @@ async def open_storage(
         idempotency=IdempotencyRecords(engine),
         harvests=HarvestRepository(engine),
         files=LocalFileStore(settings.resolved_files_dir),
+        looms=LoomRepository(engine),
     )

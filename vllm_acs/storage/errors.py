@@ -66,3 +66,12 @@ class HarvestLimitReached(StorageError):
         super().__init__(f"harvest {limit} limit {value} reached")
         self.limit = limit
         self.value = value
+
+
+class LoomLimitReached(StorageError):
+    """A Loom write past a limit: `limit` is `looms` (the key's Looms) or `nodes` (one Loom's)."""
+
+    def __init__(self, limit: str, value: int) -> None:
+        super().__init__(f"loom {limit} limit {value} reached")
+        self.limit = limit
+        self.value = value

@@ -53,13 +53,24 @@ class JobRepository:
         idempotency: IdempotencyTarget | None = None,
         answer: StoredAnswer | None = None,
         idempotency_retention: timedelta = RETENTION,
+        claimed_by: tuple[str, float] | None = None,
     ) -> Job:
         """Inserts a queued job; with `idempotency`, marks that running record done with `answer`
-        in the same transaction, so a job never exists without its record nor the reverse."""
+        in the same transaction, so a job never exists without its record nor the reverse.
+        With `claimed_by` (owner, lease in seconds) the job is inserted already claimed by that
+        owner, as if it had claimed it at once (the submitter runs it: a Loom branch)."""
         now = utc(now)
         if idempotency is not None and answer is None:
             raise ValueError("an idempotency record is completed with an answer")
         values = insert_values(job, now)
+        if claimed_by is not None:
+            owner, lease_s = claimed_by
+            values.update(
+                status=JobStatus.RUNNING.value,
+                owner=owner,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                started_at=now,
+            )
         async with write_transaction(self._engine) as conn:
             if max_unfinished is not None:
                 # Count then insert, exclusive per key: concurrent submits never overshoot.

@@ -1,5 +1,5 @@
-"""The schema of accounts, keys, budget counters, usage rows, jobs and idempotency records, as
-SQLAlchemy Core tables.
+"""The schema of accounts, keys, budget counters, usage rows, jobs, idempotency records and Looms,
+as SQLAlchemy Core tables.
 
 Imported by the repositories and by Alembic's migrations; one schema for SQLite and PostgreSQL.
 Money is integer tokens (BigInteger), never floats.
@@ -144,4 +144,48 @@ idempotency_records = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Index("ix_idempotency_records_expires_at", "expires_at"),
+)
+
+# Looms (migration 0004): a tree of Nodes per Loom, private to the key that made it.
+looms = Table(
+    "looms",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("key_id", String(40), nullable=False),
+    Column("account_id", String(40), nullable=False),
+    Column("title", String(200), nullable=True),
+    # Kept with every node insert and delete, in the same transaction: the per-Loom node cap.
+    Column("node_count", Integer, nullable=False, default=0),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Index("ix_looms_key_created", "key_id", "created_at"),
+)
+
+# An adjacency list: `position` orders a parent's children. JSON columns hold what a Node
+# records (its generation, token ids, per-token logprobs, a teacher-forced score, an error).
+loom_nodes = Table(
+    "loom_nodes",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("loom_id", String(40), nullable=False),
+    Column("parent_id", String(40), nullable=True),
+    Column("position", Integer, nullable=False),
+    # root | model | human | split | import
+    Column("origin", String(16), nullable=False),
+    # generating | ready | failed
+    Column("status", String(16), nullable=False),
+    Column("text", Text, nullable=False),
+    Column("bookmarked", Boolean, nullable=False, default=False),
+    Column("generation", Text, nullable=True),
+    Column("token_ids", Text, nullable=True),
+    Column("tokens", Text, nullable=True),
+    Column("score", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("extra", Text, nullable=True),
+    # The branch job that generates it, while it does (a re-run finds its children by it).
+    Column("job_id", String(40), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Index("ix_loom_nodes_loom", "loom_id"),
+    Index("ix_loom_nodes_job", "job_id"),
 )

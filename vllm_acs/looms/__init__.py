@@ -1,0 +1,1 @@
+"""Looms: server-side trees of completions (storage-free pieces)."""

@@ -1,0 +1,1 @@
+"""Looms: /v1/looms, its Nodes and what they ask of the model (branch, replay, score)."""
