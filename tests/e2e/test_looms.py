@@ -150,15 +150,13 @@ def test_score_equals_prompt_logprobs_of_the_same_ids(client: httpx.Client):
     nodes = tree(client, loom["id"])
     assert nodes[child["id"]]["score"]["from_recorded_ids"] is True
     assert nodes[human["id"]]["score"]["from_recorded_ids"] is False
-    assert [t["id"] for t in nodes[child["id"]]["score"]["tokens"]] == [
-        t
-        for t in ids[
-            len(ids)
-            - len(nodes[human["id"]]["score"]["tokens"])
-            - len(nodes[child["id"]]["score"]["tokens"]) : len(ids)
-            - len(nodes[human["id"]]["score"]["tokens"])
-        ]
+    # The path's ids are the root's tokens, then the model's own ids, then the human text's.
+    path_ids = [
+        t["id"]
+        for node_id in (root, child["id"], human["id"])
+        for t in nodes[node_id]["score"]["tokens"]
     ]
+    assert path_ids == ids
 
 
 def read_events(response: httpx.Response) -> list[tuple[str, Any]]:
@@ -339,3 +337,150 @@ def test_a_branch_with_an_idempotency_key_answers_once(client: httpx.Client):
     assert again.headers["idempotent-replayed"] == "true"
     assert again.json() == first.json()
     assert len(tree(client, loom["id"])[root]["children"]) == len(first.json()["nodes"])
+
+
+def shape(nodes: list[dict]) -> list[tuple]:
+    """A tree without its ids and times: each Node's path of child positions and its content."""
+    index = {n["id"]: n for n in nodes}
+    place: dict[str, tuple[int, ...]] = {}
+    for node in nodes:  # parents come first
+        parent = node["parent_id"]
+        place[node["id"]] = (
+            () if parent is None else (*place[parent], index[parent]["children"].index(node["id"]))
+        )
+    return sorted(
+        (
+            place[n["id"]],
+            n["text"],
+            n["origin"],
+            n["status"],
+            n["bookmarked"],
+            json.dumps(n["generation"], sort_keys=True),
+            json.dumps(n["tokens"], sort_keys=True),
+            tuple(n["tags"]),
+        )
+        for n in nodes
+    )
+
+
+def test_export_then_import_is_the_same_tree_with_new_ids(client: httpx.Client):
+    loom = new_loom(client, "Export me", title="round trip")
+    loom_id, root = loom["id"], loom["nodes"][0]["id"]
+    children = branch(client, loom_id, root, n=2, logprobs=1).json()["nodes"]
+    client.post(f"{LOOMS}/{loom_id}/nodes/{children[0]['id']}/children", json={"text": " hi"})
+    client.patch(f"{LOOMS}/{loom_id}/nodes/{children[1]['id']}", json={"bookmarked": True})
+    exported = client.get(f"{LOOMS}/{loom_id}/export")
+    assert exported.status_code == 200
+    document = exported.json()
+    assert (document["format"], document["version"]) == ("vllm-acs.loom", 1)
+    imported = client.post(f"{LOOMS}/import", json=document)
+    assert imported.status_code == 201, imported.text
+    copy = imported.json()
+    assert copy["id"] != loom_id and copy["title"] == "round trip"
+    original = client.get(f"{LOOMS}/{loom_id}").json()["nodes"]
+    assert {n["id"] for n in copy["nodes"]}.isdisjoint({n["id"] for n in original})
+    assert shape(copy["nodes"]) == shape(original)
+    # Exported again, the copy is the same document but for its ids.
+    again = client.get(f"{LOOMS}/{copy['id']}/export").json()
+    assert shape(again["nodes"]) == shape(document["nodes"])
+
+
+def socketteer_file() -> dict:
+    """A socketteer/loom save file of our own making: nested children, tags, a bookmark, a
+    model_responses entry with per-token logprobs that a model Node points to, a Node without
+    an id and a human Node."""
+    response = {
+        "id": "resp-1",
+        "model": "davinci-002",
+        "prompt": {"text": "Once upon a time", "tokens": None},
+        "completions": [
+            {
+                "text": " a knight",
+                "finishReason": "length",
+                "tokens": [
+                    {
+                        "generatedToken": {"token": " a", "logprob": -0.5},
+                        "position": 0,
+                        "counterfactuals": {" the": -1.25, " a": -0.5},
+                    },
+                    {
+                        "generatedToken": {"token": " knight", "logprob": -2.0},
+                        "position": 1,
+                        "counterfactuals": {" dragon": -1.5},
+                    },
+                ],
+            }
+        ],
+    }
+    return {
+        "root": {
+            "id": "r",
+            "text": "Once upon a time",
+            "meta": {"source": "prompt"},
+            "children": [
+                {
+                    "id": "m",
+                    "text": " a knight",
+                    "meta": {"source": "AI"},
+                    "generation": {"id": "resp-1", "index": 0},
+                    "tags": ["bookmark", "favourite"],
+                    "children": [
+                        {"text": " rode out.", "meta": {"source": "prompt"}, "children": []}
+                    ],
+                },
+                {"id": "h", "text": " there was", "meta": {"source": "prompt"}},
+            ],
+        },
+        "model_responses": {"resp-1": response},
+        "tags": {"bookmark": {"name": "bookmark"}},
+    }
+
+
+def test_a_socketteer_file_imports_with_parents_origins_text_and_logprobs(client: httpx.Client):
+    imported = client.post(f"{LOOMS}/import", json=socketteer_file())
+    assert imported.status_code == 201, imported.text
+    nodes = imported.json()["nodes"]
+    by_text = {n["text"]: n for n in nodes}
+    root, knight = by_text["Once upon a time"], by_text[" a knight"]
+    no_id, human = by_text[" rode out."], by_text[" there was"]
+    assert root["origin"] == "root" and root["children"] == [knight["id"], human["id"]]
+    assert (knight["origin"], knight["parent_id"]) == ("model", root["id"])
+    assert (no_id["origin"], no_id["parent_id"]) == ("human", knight["id"])
+    assert human["origin"] == "human"
+    assert knight["bookmarked"] is True and "favourite" in knight["tags"]
+    logprobs = [(t["text"], t["logprob"]) for t in knight["tokens"]]
+    assert logprobs == [(" a", -0.5), (" knight", -2.0)]
+    assert knight["tokens"][0]["top_logprobs"][0] == {"text": " a", "logprob": -0.5}
+    assert knight["generation"]["model"] == "davinci-002"
+    path = client.get(f"{LOOMS}/{imported.json()['id']}/nodes/{no_id['id']}/text").text
+    assert path == "Once upon a time a knight rode out."
+
+
+@pytest.mark.parametrize(
+    ("document", "named"),
+    [
+        ({"format": "vllm-acs.loom", "version": 1, "nodes": "x"}, "nodes"),
+        (
+            {
+                "format": "vllm-acs.loom",
+                "version": 1,
+                "nodes": [
+                    {"id": "a", "parent_id": None, "text": "x", "origin": "root"},
+                    {"id": "b", "parent_id": "c", "text": "y"},
+                    {"id": "c", "parent_id": "b", "text": "z"},
+                ],
+            },
+            "cyclic",
+        ),
+        ({"root": {"text": 5}}, "text"),
+        ({"root": {"text": "a", "children": "no"}}, "children"),
+        ([1, 2], "neither"),
+    ],
+)
+def test_malformed_or_cyclic_files_create_nothing(client: httpx.Client, document, named):
+    before = client.get(LOOMS, params={"limit": 100}).json()["data"]
+    refused = client.post(f"{LOOMS}/import", json=document)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["code"] == "loom_file_invalid"
+    assert named in refused.json()["error"]["message"]
+    assert client.get(LOOMS, params={"limit": 100}).json()["data"] == before

@@ -106,6 +106,10 @@ def _violations(path: Path) -> list[str]:
         # Harvests: storage, activations, the job machinery and the engine client; no web layer.
         forbid_third_party("fastapi", "starlette")
         forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks")
+    if _in(module, "vllm_acs.looms"):
+        # Looms: pure tree operations, the branch job kind; storage and the job machinery.
+        forbid_third_party("fastapi", "starlette", "torch", "vllm")
+        forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks")
     if _in(module, "vllm_acs.routes"):
         forbid_project("vllm_acs.middleware", "vllm_acs.hooks")
     if _in(module, "vllm_acs.activations") or module == "vllm_acs.client":

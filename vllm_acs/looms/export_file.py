@@ -21,6 +21,11 @@ _OPTIONAL_OBJECTS = ("generation", "score", "error")
 
 
 def export_document(tree: LoomTree, now: datetime) -> dict[str, Any]:
+    """Nodes in tree order (parents first, siblings in order), each with its children's ids."""
+    children: dict[str, list[str]] = {}
+    for node in tree.nodes:
+        if node.parent_id is not None:
+            children.setdefault(node.parent_id, []).append(node.id)
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -31,6 +36,7 @@ def export_document(tree: LoomTree, now: datetime) -> dict[str, Any]:
             {
                 "id": node.id,
                 "parent_id": node.parent_id,
+                "children": children.get(node.id, []),
                 "text": node.text,
                 "origin": node.origin,
                 "status": node.status,
@@ -54,7 +60,8 @@ def is_export_document(data: Any) -> bool:
 def nodes_from_export(
     data: dict[str, Any], loom_id: str, now: datetime, *, max_nodes: int, max_text_chars: int
 ) -> list[LoomNode]:
-    """New Nodes (new ids) for the document's tree, parents before children."""
+    """New Nodes (new ids) for the document's tree, parents before children. Siblings keep
+    the order of the list (an export lists them in order; `children` is not needed to read it)."""
     if data.get("version") != VERSION:
         raise LoomFileInvalid(
             f"This is a {FORMAT} document of version {data.get('version')!r}; this server "

@@ -2,7 +2,8 @@
 
 Pure (API server process): the routes, the branch job (its answer) and the export share it.
 A Node's `tokens` are shown when its branch asked for logprobs (the Node keeps the sampled
-tokens either way, to split them at a token boundary).
+tokens either way, to split them at a token boundary), and for an imported Node when its file
+had them.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ def unix(moment: datetime) -> int:
 def tokens_shown(node: LoomNode) -> list[dict[str, Any]] | None:
     if node.tokens is None:
         return None
-    parameters = (node.generation or {}).get("parameters") or {}
-    asked = node.origin == "import" or parameters.get("logprobs") is not None
+    generation = node.generation or {}
+    if "branch_seed" not in generation:
+        return node.tokens  # not from a branch here (an import): whatever the file had
+    asked = (generation.get("parameters") or {}).get("logprobs") is not None
     return node.tokens if asked else None
 
 
