@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -184,6 +185,44 @@ def test_a_job_submitted_to_one_node_is_readable_from_the_other_at_once(cluster)
         assert ended[job_id]["status"] == "succeeded"
         result = client.get(f"{node_b.base_url}/v1/completion-jobs/{job_id}/result")
         assert result.status_code == 200, result.text
+
+
+def test_a_loom_made_on_one_node_grows_on_both(cluster):
+    """Looms live in the shared database: made on one node, branched from both at once, read,
+    edited and exported on either."""
+    node_a, node_b = cluster.nodes
+    key = node_a.create_key("looms-shared")
+    auth = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(headers=auth, timeout=120) as client:
+        made = client.post(f"{node_a.base_url}/v1/looms", json={"prompt": "Shared"})
+        assert made.status_code == 201, made.text
+        loom_id, root = made.json()["id"], made.json()["nodes"][0]["id"]
+        path = f"/v1/looms/{loom_id}/nodes/{root}/branch"
+        answers: list[httpx.Response] = []
+        threads = [
+            threading.Thread(
+                target=lambda url=url: answers.append(
+                    client.post(url + path, json={"n": 2, "max_tokens": 4})
+                )
+            )
+            for url in (node_a.base_url, node_b.base_url)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [a.status_code for a in answers] == [201, 201], [a.text for a in answers]
+        made_ids = {n["id"] for a in answers for n in a.json()["nodes"]}
+        for url in (node_a.base_url, node_b.base_url):
+            nodes = {n["id"]: n for n in client.get(f"{url}/v1/looms/{loom_id}").json()["nodes"]}
+            assert set(nodes[root]["children"]) == made_ids
+        child = sorted(made_ids)[0]
+        edited = client.patch(
+            f"{node_b.base_url}/v1/looms/{loom_id}/nodes/{child}", json={"text": " edited"}
+        )
+        assert edited.status_code == 200, edited.text
+        text = client.get(f"{node_a.base_url}/v1/looms/{loom_id}/nodes/{child}/text").text
+        assert text == "Shared edited"
 
 
 def _owner_node(cluster: Cluster, owner: str) -> ServerProcess:

@@ -484,3 +484,16 @@ def test_malformed_or_cyclic_files_create_nothing(client: httpx.Client, document
     assert refused.json()["error"]["code"] == "loom_file_invalid"
     assert named in refused.json()["error"]["message"]
     assert client.get(LOOMS, params={"limit": 100}).json()["data"] == before
+
+
+def test_an_import_over_the_byte_limit_is_refused(client: httpx.Client):
+    limit = 16 * 1024 * 1024  # loom_import_max_bytes' default
+    big = {"root": {"text": "x" * limit}}
+    refused = client.post(f"{LOOMS}/import", json=big)
+    assert refused.status_code == 413, refused.text[:300]
+    assert refused.json()["error"]["code"] == "request_too_large"
+    # Under the limit but past the text a Node may hold: 400 naming the limit.
+    long_text = {"root": {"text": "x" * 100_001}}
+    assert client.post(f"{LOOMS}/import", json=long_text).json()["error"]["code"] == (
+        "loom_file_invalid"
+    )
