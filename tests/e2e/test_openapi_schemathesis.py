@@ -17,6 +17,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from vllm_acs.contract.routes import PUBLIC_NODE_ROUTES, PUBLIC_V1_ROUTES
+
 pytestmark = pytest.mark.e2e
 
 CHECKS = [
@@ -29,6 +31,8 @@ CHECKS = [
 
 
 POSITIVE, NEGATIVE = GenerationMode.POSITIVE, GenerationMode.NEGATIVE
+LOOM = "/v1/looms/{loom_id}"
+NODE = LOOM + "/nodes/{node_id}"
 OPERATIONS = [
     ("/v1/completions", "POST", POSITIVE, 40),
     ("/v1/completions", "POST", NEGATIVE, 40),
@@ -46,7 +50,34 @@ OPERATIONS = [
     ("/v1/harvest/{job_id}", "GET", POSITIVE, 5),
     ("/v1/harvest/{job_id}", "DELETE", POSITIVE, 5),
     ("/downloads/{job_id}/{file_name}", "GET", POSITIVE, 5),
+    ("/v1/looms", "POST", POSITIVE, 10),
+    ("/v1/looms", "POST", NEGATIVE, 10),
+    ("/v1/looms", "GET", POSITIVE, 5),
+    ("/v1/looms/import", "POST", POSITIVE, 10),
+    ("/v1/looms/import", "POST", NEGATIVE, 10),
+    (LOOM, "GET", POSITIVE, 5),
+    (LOOM, "PATCH", POSITIVE, 8),
+    (LOOM, "PATCH", NEGATIVE, 8),
+    (LOOM, "DELETE", POSITIVE, 5),
+    (LOOM + "/export", "GET", POSITIVE, 5),
+    (NODE, "GET", POSITIVE, 5),
+    (NODE, "PATCH", POSITIVE, 8),
+    (NODE, "PATCH", NEGATIVE, 8),
+    (NODE, "DELETE", POSITIVE, 5),
+    (NODE + "/text", "GET", POSITIVE, 5),
+    (NODE + "/branch", "POST", POSITIVE, 12),
+    (NODE + "/branch", "POST", NEGATIVE, 10),
+    (NODE + "/split", "POST", POSITIVE, 8),
+    (NODE + "/split", "POST", NEGATIVE, 5),
+    (NODE + "/children", "POST", POSITIVE, 5),
+    (NODE + "/children", "POST", NEGATIVE, 5),
+    (NODE + "/siblings", "POST", POSITIVE, 5),
+    (NODE + "/replay", "POST", POSITIVE, 5),
+    (NODE + "/score", "POST", POSITIVE, 8),
+    (NODE + "/score", "POST", NEGATIVE, 5),
 ]
+# Reads that reach a real Loom: at least one answer of theirs is a 200.
+LOOM_READS = {(LOOM, "GET"), (LOOM + "/export", "GET"), (NODE, "GET"), (NODE + "/text", "GET")}
 
 
 @pytest.fixture(scope="session")
@@ -54,11 +85,35 @@ def api_schema(acs_server):
     return schemathesis.openapi.from_url(f"{acs_server.base_url}/openapi.json")
 
 
+def real_loom(base_url: str, auth: dict[str, str]) -> dict[str, str]:
+    """A Loom of this key: its root and a model's child (a one-token branch), for the Loom
+    operations' path parameters; each operation gets its own (a DELETE may remove it)."""
+    with httpx.Client(base_url=base_url, headers=auth, timeout=120) as http:
+        made = http.post("/v1/looms", json={"prompt": "The sky is", "title": "schemathesis"})
+        assert made.status_code == 201, made.text
+        loom_id, root = made.json()["id"], made.json()["nodes"][0]["id"]
+        branch = http.post(
+            f"/v1/looms/{loom_id}/nodes/{root}/branch",
+            json={"n": 1, "max_tokens": 4, "seed": 7, "temperature": 1.0},
+        )
+        assert branch.status_code == 201, branch.text
+        children = branch.json()["nodes"]
+        if not children:  # an empty continuation is not added: a hand-written child instead
+            added = http.post(f"/v1/looms/{loom_id}/nodes/{root}/children", json={"text": " x"})
+            children = added.json()["data"]
+    return {"loom_id": loom_id, "root": root, "child": children[0]["id"]}
+
+
 @pytest.mark.parametrize(("path", "method", "mode", "examples"), OPERATIONS)
-def test_operation_conforms(api_schema, auth, path: str, method: str, mode, examples: int):
+def test_operation_conforms(
+    api_schema, acs_server, auth, path: str, method: str, mode, examples: int
+):
     # Bounded and reproducible: a fixed number of examples, derandomized, on loopback only.
     operation = api_schema[path][method]
     statuses: list[int] = []
+    # Loom operations: two positive cases in three on a real Loom (its root, then its model
+    # child), the third on the generated ids (a 404).
+    real = real_loom(acs_server.base_url, auth) if "{loom_id}" in path else None
 
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(
@@ -69,6 +124,12 @@ def test_operation_conforms(api_schema, auth, path: str, method: str, mode, exam
         suppress_health_check=list(HealthCheck),
     )
     def run(case) -> None:
+        turn = len(statuses) % 3
+        if real is not None and mode is POSITIVE and turn:
+            ids = {"loom_id": real["loom_id"]}
+            if "node_id" in case.path_parameters:
+                ids["node_id"] = real["root"] if turn == 1 else real["child"]
+            case.path_parameters = {**case.path_parameters, **ids}
         # Negative examples must be refused: schemathesis knows which part it broke.
         checks = [*CHECKS, negative_data_rejection] if mode is NEGATIVE else CHECKS
         response = case.call_and_validate(checks=checks, headers=auth, timeout=120)
@@ -82,6 +143,10 @@ def test_operation_conforms(api_schema, auth, path: str, method: str, mode, exam
         assert 200 in statuses  # the run reached the engine, not only the validation
     if (path, method, mode) == ("/v1/completion-jobs", "POST", POSITIVE):
         assert 202 in statuses  # some generated submits were accepted
+    if (path, method, mode) == ("/v1/looms", "POST", POSITIVE):
+        assert 201 in statuses
+    if (path, method) in LOOM_READS:
+        assert 200 in statuses  # the real Loom was read, not only 404s
 
 
 def test_document_covers_the_public_surface(acs_server):
@@ -98,7 +163,25 @@ def test_document_covers_the_public_surface(acs_server):
         "/v1/harvest/{job_id}",
         "/downloads/{job_id}/{file_name}",
         "/health",
+        "/v1/looms",
+        "/v1/looms/import",
+        LOOM,
+        LOOM + "/export",
+        NODE,
+        NODE + "/text",
+        NODE + "/branch",
+        NODE + "/split",
+        NODE + "/children",
+        NODE + "/siblings",
+        NODE + "/replay",
+        NODE + "/score",
     }
+    # Every public route, with each of its methods, is an operation of the document.
+    for route in (*PUBLIC_V1_ROUTES, *PUBLIC_NODE_ROUTES):
+        if route.template in document["paths"]:
+            assert set(document["paths"][route.template]) == {m.lower() for m in route.methods}
+        else:
+            assert route.template in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
     submit = document["paths"]["/v1/completion-jobs"]["post"]
     (idempotency_key,) = submit["parameters"]
     assert idempotency_key["name"] == "Idempotency-Key" and idempotency_key["required"] is True
@@ -111,6 +194,35 @@ def test_document_covers_the_public_surface(acs_server):
     assert props["temperature"]["anyOf"][0] == {"type": "number", "minimum": 0, "maximum": 100}
     assert props["top_p"]["anyOf"][0]["exclusiveMinimum"] == 0
     assert props["stop"]["oneOf"][1]["maxItems"] == 4
+    looms = {p: ops for p, ops in document["paths"].items() if p.startswith("/v1/looms")}
+    for path, operations in looms.items():
+        for method, operation in operations.items():
+            statuses = set(operation["responses"])
+            assert statuses >= {"401", "403", "500"}, (path, method)
+            if "{loom_id}" in path:
+                assert "404" in statuses, (path, method)
+            if "requestBody" in operation:
+                assert statuses >= {"400", "413"}, (path, method)
+            if path.endswith(("/branch", "/replay", "/score")):
+                assert statuses >= {"400", "429", "502"}, (path, method)
+                retry = operation["responses"]["429"]["headers"]
+                assert {"Retry-After", "retry-after-ms", "x-should-retry"} <= set(retry)
+            keys = [p for p in operation.get("parameters", []) if p["name"] == "Idempotency-Key"]
+            if (path, method) in (("/v1/looms", "post"), ("/v1/looms/import", "post")) or (
+                path == NODE + "/branch"
+            ):
+                assert [k["required"] for k in keys] == [False], (path, method)
+            else:
+                assert keys == [], (path, method)
+    assert "413" in looms["/v1/looms/import"]["post"]["responses"]
+    assert str(16 * 1024 * 1024) in looms["/v1/looms/import"]["post"]["description"]
+    branch = looms[NODE + "/branch"]["post"]["responses"]
+    assert set(branch["200"]["content"]) == {"text/event-stream"}
+    assert branch["201"]["content"]["application/json"]["schema"]["$ref"].endswith("/LoomBranch")
+    text = looms[NODE + "/text"]["get"]["responses"]["200"]
+    assert set(text["content"]) == {"text/plain"}
+    list_params = {p["name"]: p for p in looms["/v1/looms"]["get"]["parameters"]}
+    assert list_params["limit"]["schema"] == {"type": "integer", "minimum": 1, "maximum": 100}
     for path, operations in document["paths"].items():
         for operation in operations.values():
             for status, response in operation["responses"].items():

@@ -14,6 +14,7 @@ from ..contract.completion_request import CompletionRequest
 from ..settings import Settings
 from .harvest.openapi import harvest_paths, harvest_schemas
 from .jobs.openapi import job_paths, job_schemas
+from .looms.openapi import loom_paths, loom_schemas
 from .models.protocol import ModelCard, ModelList
 from .openapi_parts import ERROR_ENVELOPE, HEADERS, REF, error_doc, json_doc
 
@@ -117,6 +118,7 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
     components["ErrorEnvelope"] = ERROR_ENVELOPE
     components.update(job_schemas())
     components.update(harvest_schemas())
+    components.update(loom_schemas())
     components["Completion"] = COMPLETION
     return {
         "openapi": "3.1.0",
@@ -170,6 +172,7 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
             },
             **job_paths(),
             **harvest_paths(),
+            **loom_paths(settings),
             "/health": {
                 "get": {
                     "operationId": "health",

@@ -52,7 +52,10 @@ HEADERS: dict[str, dict[str, Any]] = {
         "description": "false: resending cannot fix it",
         "schema": {"type": "string"},
     },
-    "Location": {"description": "The path of the job", "schema": {"type": "string"}},
+    "Location": {
+        "description": "The path of what was made (a job, a Loom)",
+        "schema": {"type": "string"},
+    },
     "X-Acs-Longpoll": {
         "description": "declined: too many reads wait on this node; answered at once",
         "schema": {"type": "string", "enum": ["declined"]},
@@ -65,7 +68,7 @@ HEADERS: dict[str, dict[str, Any]] = {
 
 ERROR_TEXT = {
     400: "Invalid request (invalid_request, bad_json, model_not_found, context_length_exceeded, "
-    "harvest_unsupported, "
+    "harvest_unsupported, loom_file_invalid, "
     "deadline_infeasible, full_vocab_prompt_too_long, activation_prompt_too_long, "
     "position_steering_unavailable, chat_completions_unsupported, vllm_invalid_request, "
     "vllm_context_length)",
@@ -73,19 +76,41 @@ ERROR_TEXT = {
     "account_suspended, account_not_approved)",
     403: "scope_denied: the key lacks the route's scope; download_url_invalid: an expired, "
     "unsigned or altered download URL",
-    404: "Unknown route or id (not_found, model_not_found, job_not_found, harvest_job_not_found)",
-    409: "idempotency_conflict, no_answer, job_not_cancellable, harvest_not_cancellable "
-    "(x-should-retry: false); running (Retry-After): the first request with this "
-    "Idempotency-Key has not answered yet",
+    404: "Unknown route or id (not_found, model_not_found, job_not_found, harvest_job_not_found, "
+    "loom_not_found, loom_node_not_found)",
+    409: "idempotency_conflict, no_answer, job_not_cancellable, harvest_not_cancellable, "
+    "loom_node_conflict, loom_node_limit (x-should-retry: false); running (Retry-After): the "
+    "first request with this Idempotency-Key has not answered yet",
     413: "request_too_large",
     416: "range_not_satisfiable: the Range is not one range inside the file",
-    429: "budget_exceeded, activation_quota_exceeded, job_capacity, harvest_quota_exceeded (no "
-    "Retry-After), queue_full, rate_limited, spend_cap, harvest_concurrency_exceeded, "
-    "harvest_capacity_exceeded (Retry-After)",
+    429: "budget_exceeded, activation_quota_exceeded, job_capacity, harvest_quota_exceeded, "
+    "loom_capacity (no Retry-After), queue_full, rate_limited, spend_cap, "
+    "harvest_concurrency_exceeded, harvest_capacity_exceeded (Retry-After)",
     500: "internal_error",
     502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error; "
     "capture_incomplete (retry after Retry-After), capture_rows_missing (not retryable))",
 }
+
+
+# The headers of an answer a client may retry (or is told not to).
+RETRY = ("Retry-After", "retry-after-ms", "x-should-retry")
+# A writing POST's Idempotency-Key header: optional where not every client sends one.
+IDEMPOTENCY_KEY: dict[str, Any] = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "Sending the same request again with the same key returns the first answer "
+    "(Idempotent-Replayed: true); another body with it is 409 idempotency_conflict",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
+}
+IDEMPOTENCY_KEY_REQUIRED: dict[str, Any] = {**IDEMPOTENCY_KEY, "required": True}
+
+
+def path_param(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+JOB_ID = path_param("job_id")
 
 
 def headers_doc(*names: str) -> dict[str, Any]:

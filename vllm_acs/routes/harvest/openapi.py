@@ -8,19 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...contract.harvest_request import HARVEST_BODY_LIMIT_BYTES, HarvestBody
-from ..openapi_parts import REF, error_doc, json_doc
+from ..openapi_parts import IDEMPOTENCY_KEY, JOB_ID, REF, RETRY, error_doc, json_doc
 from .protocol import HarvestJob, HarvestSubmitted
 from .service import DOWNLOADS_PATH, HARVEST_PATH, LONG_POLL_MAX_S
-
-_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-_IDEMPOTENCY_KEY = {
-    "name": "Idempotency-Key",
-    "in": "header",
-    "required": False,
-    "description": "Sending the same submit again with the same key returns the first answer",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
-}
-_RETRY = ("Retry-After", "retry-after-ms", "x-should-retry")
 
 
 def harvest_schemas() -> dict[str, Any]:
@@ -37,7 +27,7 @@ def _submit() -> dict[str, Any]:
         "operationId": "createHarvest",
         "summary": "Capture the residual stream of many prompts into safetensors shards",
         "description": f"Bodies up to {HARVEST_BODY_LIMIT_BYTES} bytes on this route.",
-        "parameters": [_IDEMPOTENCY_KEY],
+        "parameters": [IDEMPOTENCY_KEY],
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": {"$ref": REF.format(model="HarvestBody")}}},
@@ -47,9 +37,9 @@ def _submit() -> dict[str, Any]:
             "400": error_doc(400, "x-should-retry"),
             "401": error_doc(401),
             "403": error_doc(403),
-            "409": error_doc(409, *_RETRY),
+            "409": error_doc(409, *RETRY),
             "413": error_doc(413, "x-should-retry"),
-            "429": error_doc(429, *_RETRY),
+            "429": error_doc(429, *RETRY),
             "500": error_doc(500, "x-should-retry"),
         },
     }
@@ -59,7 +49,7 @@ def _read() -> dict[str, Any]:
     return {
         "operationId": "getHarvest",
         "parameters": [
-            _JOB_ID,
+            JOB_ID,
             {
                 "name": "wait",
                 "in": "query",
@@ -93,7 +83,7 @@ def _download() -> dict[str, Any]:
         "summary": "A harvest file by its signed URL (no API key); HTTP Range supported",
         "security": [],
         "parameters": [
-            _JOB_ID,
+            JOB_ID,
             {"name": "file_name", "in": "path", "required": True, "schema": {"type": "string"}},
             *query,
             {"name": "Range", "in": "header", "required": False, "schema": {"type": "string"}},
@@ -115,7 +105,7 @@ def harvest_paths() -> dict[str, Any]:
             "get": _read(),
             "delete": {
                 "operationId": "cancelHarvest",
-                "parameters": [_JOB_ID],
+                "parameters": [JOB_ID],
                 "responses": {
                     "200": json_doc("The harvest, cancelled", "HarvestJob"),
                     "401": error_doc(401),

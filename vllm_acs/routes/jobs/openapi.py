@@ -7,20 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..openapi_parts import REF, error_doc, json_doc
+from ..openapi_parts import IDEMPOTENCY_KEY_REQUIRED, JOB_ID, REF, RETRY, error_doc, json_doc
 from .protocol import CompletionJob
 from .service import JOBS_PATH
-
-_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-_IDEMPOTENCY_KEY = {
-    "name": "Idempotency-Key",
-    "in": "header",
-    "required": True,
-    "description": "Sending the same submit again with the same key returns the first answer "
-    "(Idempotent-Replayed: true); another body with it is 409 idempotency_conflict",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
-}
-_RETRY = ("Retry-After", "retry-after-ms", "x-should-retry")
 
 
 def job_schemas() -> dict[str, Any]:
@@ -31,7 +20,7 @@ def _submit() -> dict[str, Any]:
     return {
         "operationId": "createCompletionJob",
         "summary": "Run one completion on the server; poll it, then fetch its result",
-        "parameters": [_IDEMPOTENCY_KEY],
+        "parameters": [IDEMPOTENCY_KEY_REQUIRED],
         "requestBody": {
             "required": True,
             "description": "A /v1/completions body without `stream`",
@@ -44,9 +33,9 @@ def _submit() -> dict[str, Any]:
             "400": error_doc(400, "x-should-retry"),
             "401": error_doc(401),
             "403": error_doc(403),
-            "409": error_doc(409, *_RETRY),
+            "409": error_doc(409, *RETRY),
             "413": error_doc(413, "x-should-retry"),
-            "429": error_doc(429, *_RETRY),
+            "429": error_doc(429, *RETRY),
             "500": error_doc(500, "x-should-retry"),
         },
     }
@@ -59,10 +48,10 @@ def _result() -> dict[str, Any]:
         "202": json_doc("The job has not ended yet", "CompletionJob", "Retry-After"),
     }
     for status in (400, 401, 403, 404, 429, 500, 502):
-        responses[str(status)] = {**error_doc(status, *_RETRY), "description": stored}
+        responses[str(status)] = {**error_doc(status, *RETRY), "description": stored}
     return {
         "operationId": "getCompletionJobResult",
-        "parameters": [_JOB_ID],
+        "parameters": [JOB_ID],
         "responses": responses,
     }
 
@@ -73,7 +62,7 @@ def job_paths() -> dict[str, Any]:
         JOBS_PATH + "/{job_id}": {
             "get": {
                 "operationId": "getCompletionJob",
-                "parameters": [_JOB_ID],
+                "parameters": [JOB_ID],
                 "responses": {
                     "200": json_doc("The job: status and timestamps", "CompletionJob"),
                     "401": error_doc(401),
@@ -83,7 +72,7 @@ def job_paths() -> dict[str, Any]:
             },
             "delete": {
                 "operationId": "cancelCompletionJob",
-                "parameters": [_JOB_ID],
+                "parameters": [JOB_ID],
                 "responses": {
                     "200": json_doc("The job, cancelled", "CompletionJob"),
                     "401": error_doc(401),
