@@ -76,6 +76,8 @@ class AcsEndpointPlugin:
         self.looms: LoomService | None = None
         self.generations: GenerationService | None = None
         self.runner: JobRunner | None = None
+        self.registry: Any = None
+        self.forwarding_client: Any = None
         self.engine_client: Any = None
 
     def attach_router(self, app: FastAPI) -> None:
@@ -116,7 +118,7 @@ class AcsEndpointPlugin:
         check_counters_backend(settings, getattr(args, "api_server_count", None) or 1)
         # Operators' authenticators now; the built-in key check joins once storage is open.
         self.plugins = build_plugin_manager()
-        app.include_router(build_router(self.models))
+        app.include_router(build_router(self.models, lambda: self.registry))
         self.app = app
         self.jobs = JobService(self.models, settings, utc_now)
         app.include_router(build_jobs_router(self.jobs))
@@ -136,6 +138,7 @@ class AcsEndpointPlugin:
         app.add_middleware(StrictValidationMiddleware, models=self.models, settings=settings)
         app.add_middleware(DeferredMiddleware, build=self._idempotency)
         app.add_middleware(AuthMiddleware, plugin_manager=self.plugins)
+        app.add_middleware(DeferredMiddleware, build=self._forwarding)
         app.add_middleware(
             BodyLimitMiddleware,
             limit_bytes=settings.body_limit_bytes,
@@ -160,6 +163,38 @@ class AcsEndpointPlugin:
         if self.storage is None:
             raise RuntimeError("vllm_acs storage is not open: init_state did not run")
         return AdmissionMiddleware(inner, self.storage.counters, self.storage.ledger)
+
+    def _forwarding(self, inner: Any) -> Any:
+        import httpx
+
+        from .middleware.forwarding import ForwardingMiddleware
+
+        if self.registry is None:
+            raise RuntimeError("vllm_acs registry is not open: init_state did not run")
+        # No read timeout: a stream lasts as long as the serving node streams.
+        timeout = httpx.Timeout(connect=3.0, read=None, write=60.0, pool=60.0)
+        self.forwarding_client = httpx.AsyncClient(timeout=timeout, trust_env=False)
+        return ForwardingMiddleware(inner, self.models, self.registry, self.forwarding_client)
+
+    async def _start_registry(self, settings: Settings, args: Namespace) -> None:
+        from .deployment.registry import NodeRegistry
+        from .jobs.runner import new_owner, utc_now
+
+        assert self.storage is not None
+        host = getattr(args, "host", None)
+        if not host or host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        address = settings.advertise_url or f"http://{host}:{getattr(args, 'port', 8000)}"
+        self.registry = NodeRegistry(
+            self.storage.registry,
+            new_owner(),
+            address,
+            self.models.default,
+            heartbeat_s=settings.registry_heartbeat_ms / 1000,
+            ttl_s=settings.registry_node_ttl_ms / 1000,
+            clock=utc_now,
+        )
+        await self.registry.start()
 
     def _idempotency(self, inner: Any) -> Any:
         from .middleware.idempotency import IdempotencyMiddleware
@@ -273,6 +308,7 @@ class AcsEndpointPlugin:
         plugins.register(KeyAuthPlugin(storage.keys, settings))
         storage.ledger.on_written = lambda row: notify_usage_recorded(plugins, row)
         self._start_jobs(settings)
+        await self._start_registry(settings, args)
         logger.info(
             "vllm_acs serving %s as model id %r (gpu_shape %s; database %s; counters %s)",
             served.checkpoint,
@@ -284,6 +320,12 @@ class AcsEndpointPlugin:
 
     async def close(self) -> None:
         """At shutdown: hands running jobs back, drains the usage queue, closes the database."""
+        if self.registry is not None:
+            await self.registry.close()
+            self.registry = None
+        if self.forwarding_client is not None:
+            await self.forwarding_client.aclose()
+            self.forwarding_client = None
         if self.runner is not None:
             await self.runner.close()
             self.runner = None

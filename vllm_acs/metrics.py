@@ -104,3 +104,11 @@ class SlotGauges:
         self.released = True
         (RUNNING if self.running else WAITING).dec()
         TOKENS_HELD.dec(self.held_tokens)
+
+
+FORWARDED = Counter(
+    "acs_forwarded_requests",
+    "Requests for another node's model: forwarded (answered by that node) or ejected (its "
+    "connection failed; the next node is tried).",
+    ["outcome"],
+)

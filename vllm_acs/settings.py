@@ -96,6 +96,12 @@ class Settings:
     loom_max_text_chars: int = 100_000
     loom_import_max_bytes: int = 16 * 1024 * 1024
     looms_per_key: int = 1_000
+    # The deployment (several nodes sharing the database): where other nodes reach this one
+    # (unset: http://127.0.0.1:<port>, enough for nodes of one host), how often it beats its
+    # heartbeat, and how long a silent node stays listed.
+    advertise_url: str | None = None
+    registry_heartbeat_ms: int = 2_000
+    registry_node_ttl_ms: int = 10_000
 
     @property
     def resolved_files_dir(self) -> Path:

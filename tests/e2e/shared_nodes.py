@@ -20,9 +20,15 @@ from tests.services import REDIS_URL, private_pg_database, private_redis_prefix
 
 @contextlib.contextmanager
 def shared_nodes(
-    model_dir: Path, home: Path, env: dict[str, str], count: int = 2
+    model_dir: Path,
+    home: Path,
+    env: dict[str, str],
+    count: int = 2,
+    *,
+    per_node: list[tuple[dict[str, str], list[str]]] | None = None,
 ) -> Iterator[tuple[list[ServerProcess], str]]:
-    """(the started nodes, the database's SQLAlchemy URL)."""
+    """(the started nodes, the database's SQLAlchemy URL). `per_node`: each node's own
+    environment and serve arguments (e.g. another model id), one entry per node."""
     with private_pg_database() as database_url, private_redis_prefix() as prefix:
         env = {
             "VLLM_ACS_HOME": str(home),
@@ -38,9 +44,15 @@ def shared_nodes(
             check=True,
             capture_output=True,
         )
+        own = per_node or [({}, []) for _ in range(count)]
         servers = [
-            ServerProcess(model_dir=model_dir, log_path=home / f"node-{i}.log", env=env)
-            for i in range(count)
+            ServerProcess(
+                model_dir=model_dir,
+                log_path=home / f"node-{i}.log",
+                env={**env, **node_env},
+                extra_args=list(node_args),
+            )
+            for i, (node_env, node_args) in enumerate(own)
         ]
         starters = [threading.Thread(target=s.start) for s in servers]
         for starter in starters:

@@ -110,6 +110,10 @@ def _violations(path: Path) -> list[str]:
         # Looms: pure tree operations, the branch job kind; storage and the job machinery.
         forbid_third_party("fastapi", "starlette", "torch", "vllm")
         forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks")
+    if _in(module, "vllm_acs.deployment"):
+        # The deployment's registry: storage and the leaves; no web layer.
+        forbid_third_party("fastapi", "starlette", "torch", "vllm")
+        forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks")
     if _in(module, "vllm_acs.routes"):
         forbid_project("vllm_acs.middleware", "vllm_acs.hooks")
     if _in(module, "vllm_acs.activations") or module == "vllm_acs.client":

@@ -33,6 +33,7 @@ from .jobs import JobRepository
 from .ledger import UsageLedger
 from .looms import LoomRepository
 from .migrate import current_revision, head_revision, upgrade
+from .registry import RegistryRepository
 from .usage import UsageRepository, UsageRow
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class Storage:
     # Job files (harvest shards): a local directory now, an object store where nodes share them.
     files: FileStore
     looms: LoomRepository
+    registry: RegistryRepository
 
     async def close(self) -> None:
         await self.ledger.close()
@@ -172,4 +174,5 @@ async def open_storage(
         harvests=HarvestRepository(engine),
         files=LocalFileStore(settings.resolved_files_dir),
         looms=LoomRepository(engine),
+        registry=RegistryRepository(engine),
     )

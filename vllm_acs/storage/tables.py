@@ -189,3 +189,18 @@ loom_nodes = Table(
     Index("ix_loom_nodes_loom", "loom_id"),
     Index("ix_loom_nodes_job", "job_id"),
 )
+
+# The deployment's model registry (migration 0005): each API node, what it serves, where it
+# answers, and when it last said it is alive.
+deployment_nodes = Table(
+    "deployment_nodes",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("address", String(300), nullable=False),
+    Column("model_id", String(200), nullable=False),
+    # The node's ServedModel as JSON: what /v1/models shows of it on every node.
+    Column("model", Text, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False),
+    Index("ix_deployment_nodes_heartbeat", "heartbeat_at"),
+)

@@ -1,30 +1,40 @@
-"""GET /v1/models and GET /v1/models/{model_id}: what this node serves (replaces vLLM's route).
+"""GET /v1/models and GET /v1/models/{model_id}: every live model of the deployment (this
+node's, and the other nodes' of the model registry, which forward them), replacing vLLM's route.
 
 API server process.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from ...deployment.registry import NodeRegistry
 from ...errors import ModelNotFound
-from ...served_model import NodeModels
+from ...served_model import NodeModels, ServedModel
 from ..error_response import error_response
 from .protocol import ModelCard, ModelList
 from .service import model_card, model_list
 
 
-def build_router(models: NodeModels) -> APIRouter:
+def build_router(
+    models: NodeModels, registry: Callable[[], NodeRegistry | None] = lambda: None
+) -> APIRouter:
     router = APIRouter(tags=["models"])
+
+    async def live() -> list[ServedModel]:
+        deployment = registry()
+        return models.all() if deployment is None else await deployment.models()
 
     @router.get("/v1/models", response_model=ModelList)
     async def list_models() -> ModelList:
-        return model_list(models.all())
+        return model_list(await live())
 
     @router.get("/v1/models/{model_id}", response_model=ModelCard)
     async def get_model(request: Request, model_id: str) -> ModelCard | JSONResponse:
-        model = models.get(model_id)
+        model = next((m for m in await live() if m.id == model_id), None)
         if model is None:
             return error_response(
                 request, ModelNotFound(f"The model '{model_id}' does not exist.", param="model_id")

@@ -1,0 +1,145 @@
+"""Two nodes of two models behind one database: each lists both models, answers the other's by
+forwarding (non-streamed, streamed, with capture; admitted and charged once, on the node that
+serves it), and stops listing a node that died.
+
+Real nodes on PostgreSQL and Redis (tests/e2e/shared_nodes.py), a short heartbeat so that the
+registry's changes show within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.e2e.shared_nodes import shared_nodes
+from tests.harness import MODEL_ID, ServerProcess, group_members
+from vllm_acs.client import decode_residual_stream
+
+pytestmark = pytest.mark.e2e
+
+OTHER_ID = "tiny-other"
+OTHER_CHECKPOINT = "vllm-acs/tiny-other"
+HEARTBEAT_MS = 500
+TTL_MS = 3000
+
+
+@pytest.fixture(scope="module")
+def deployment(tiny_model_dir, tmp_path_factory) -> Iterator[tuple[list[ServerProcess], str]]:
+    home = tmp_path_factory.mktemp("deployment-home")
+    env = {
+        "VLLM_ACS_REGISTRY_HEARTBEAT_MS": str(HEARTBEAT_MS),
+        "VLLM_ACS_REGISTRY_NODE_TTL_MS": str(TTL_MS),
+    }
+    per_node = [
+        ({}, []),
+        ({"VLLM_ACS_MODEL_ID": OTHER_ID}, ["--served-model-name", OTHER_CHECKPOINT]),
+    ]
+    with shared_nodes(tiny_model_dir, home, env, per_node=per_node) as (nodes, url):
+        yield nodes, url.replace("postgresql+asyncpg://", "postgresql://")
+
+
+def _query(database_url: str, sql: str, *args: Any) -> list[Any]:
+    import asyncpg
+
+    async def run() -> list[Any]:
+        conn = await asyncpg.connect(database_url)
+        try:
+            return await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def _wait(condition, what: str, timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+    return value
+
+
+def _ids(node: ServerProcess) -> list[str]:
+    return [m["id"] for m in httpx.get(f"{node.base_url}/v1/models", timeout=10).json()["data"]]
+
+
+def test_every_node_lists_every_live_model(deployment):
+    nodes, _ = deployment
+    for node in nodes:
+        _wait(lambda node=node: set(_ids(node)) == {MODEL_ID, OTHER_ID}, "both models listed")
+    mine, theirs = (httpx.get(f"{nodes[0].base_url}/v1/models").json()["data"][i] for i in (0, 1))
+    assert (mine["id"], mine["default"]) == (MODEL_ID, True)
+    assert (theirs["id"], theirs["default"], theirs["served_model_name"]) == (
+        OTHER_ID,
+        False,
+        OTHER_CHECKPOINT,
+    )
+    card = httpx.get(f"{nodes[0].base_url}/v1/models/{OTHER_ID}")
+    assert card.status_code == 200 and card.json()["capabilities"]["max_model_len"] == 2048
+
+
+def test_another_nodes_model_is_answered_by_forwarding_once(deployment):
+    (node_a, node_b), database_url = deployment
+    key = node_a.create_key_record("deployment")
+    auth = {"Authorization": f"Bearer {key['key']}"}
+    _wait(lambda: OTHER_ID in _ids(node_a), "the other model listed")
+    with httpx.Client(base_url=node_a.base_url, headers=auth, timeout=120) as client:
+        rid = uuid.uuid4().hex
+        body = {"model": OTHER_ID, "prompt": "The sky is", "max_tokens": 4, "temperature": 0}
+        plain = client.post("/v1/completions", json=body, headers={"X-Request-Id": rid})
+        assert plain.status_code == 200, plain.text
+        assert plain.json()["model"] == OTHER_CHECKPOINT
+        assert plain.headers["x-request-id"] == rid
+        direct = httpx.post(
+            f"{node_b.base_url}/v1/completions", json=body, headers=auth, timeout=120
+        )
+        assert plain.json()["choices"][0]["text"] == direct.json()["choices"][0]["text"]
+        # Streamed, through the forwarder as it comes.
+        with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as stream:
+            assert stream.status_code == 200
+            lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        # With capture: the activations come back from the serving node's workers.
+        capture = client.post(
+            "/v1/completions", json={**body, "max_tokens": 1, "output_residual_stream": [1]}
+        )
+        assert capture.status_code == 200, capture.text
+        rows = decode_residual_stream(capture.json())
+        assert np.asarray(rows).size > 0
+        # One usage row for the forwarded request: charged by the node that served it, once.
+        usage = _wait(
+            lambda: _query(database_url, "SELECT model FROM usage_rows WHERE request_id = $1", rid),
+            "the usage row of the forwarded request",
+        )
+        assert [row["model"] for row in usage] == [OTHER_CHECKPOINT]
+        # A model nobody serves is still this node's 400.
+        missing = client.post("/v1/completions", json={**body, "model": "nobody"})
+        assert (missing.status_code, missing.json()["error"]["code"]) == (400, "model_not_found")
+    assert node_a.metric("acs_forwarded_requests_total") >= 3
+
+
+def test_a_dead_node_leaves_the_list_and_its_model_is_not_found(deployment):
+    (node_a, node_b), _ = deployment
+    key = node_a.create_key("deployment-dead")
+    auth = {"Authorization": f"Bearer {key}"}
+    _wait(lambda: OTHER_ID in _ids(node_a), "the other model listed")
+    pgid = node_b.process.pid
+    os.killpg(pgid, signal.SIGKILL)
+    _wait(lambda: not group_members(pgid), "the killed node's processes gone", 15)
+    # At once (the connection fails: that node is ejected, not waited for).
+    started = time.monotonic()
+    body = {"model": OTHER_ID, "prompt": "x", "max_tokens": 1}
+    refused = httpx.post(f"{node_a.base_url}/v1/completions", json=body, headers=auth)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (400, "model_not_found")
+    assert time.monotonic() - started < TTL_MS / 1000
+    # And it leaves the list once its heartbeat is older than the TTL.
+    _wait(lambda: _ids(node_a) == [MODEL_ID], "the dead node's model left the list", 15)

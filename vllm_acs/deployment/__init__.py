@@ -1,0 +1,1 @@
+"""A deployment of many nodes: the model registry, and forwarding to the node serving a model."""

@@ -1,0 +1,174 @@
+"""ForwardingMiddleware: a request for a model another node serves is answered by that node.
+
+API server process, outside Auth: the node that serves the model authenticates, admits, runs and
+settles the request, once; this node only carries bytes both ways (streams as they come,
+activations included) with the client's request id. The writing POSTs that name a model are
+forwarded (completions, completion jobs, harvests, a Loom branch or score) when the model is not
+this node's and a live node of the deployment serves it. A connection that fails before an
+answer ejects that node at once and the next one is tried; with none left the request is
+answered here (`400 model_not_found`). A forwarded request is never forwarded again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from typing import Any
+
+import httpx
+
+from ..deployment.registry import NodeRegistry
+from ..metrics import FORWARDED
+from ..served_model import NodeModels
+from .asgi import ASGIApp, Receive, Scope, Send, header, read_body, replay_body, request_id
+
+logger = logging.getLogger(__name__)
+FORWARDED_HEADER = b"x-acs-forwarded-by"
+# The POST routes whose body's `model` says which node answers.
+_ROUTES = tuple(
+    re.compile(p)
+    for p in (
+        r"/v1/completions",
+        r"/v1/completion-jobs",
+        r"/v1/harvest",
+        r"/v1/looms/[^/]+/nodes/[^/]+/(branch|score)",
+    )
+)
+# Headers that belong to one hop, not to the request or answer (RFC 9110 7.6.1), and the ones
+# the client of the next hop sets itself.
+_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"transfer-encoding",
+    b"te",
+    b"trailer",
+    b"upgrade",
+    b"host",
+    b"content-length",
+}
+
+
+def _wanted_model(body: bytes) -> str | None:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else None
+
+
+class ForwardingMiddleware:
+    def __init__(
+        self, app: ASGIApp, models: NodeModels, registry: NodeRegistry, client: httpx.AsyncClient
+    ) -> None:
+        self.app = app
+        self.models = models
+        self.registry = registry
+        self.client = client
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and any(p.fullmatch(scope["path"]) for p in _ROUTES)
+            and header(scope, FORWARDED_HEADER) is None
+        ):
+            await self.app(scope, receive, send)
+            return
+        body = await read_body(receive)
+        model = _wanted_model(body)
+        if model is not None and self.models.get(model) is None:
+            for node in await self.registry.nodes_for(model):
+                if await self._forward(node.address, node.id, scope, body, receive, send):
+                    FORWARDED.labels(outcome="forwarded").inc()
+                    return
+                self.registry.eject(node.id)
+                FORWARDED.labels(outcome="ejected").inc()
+        await self.app(scope, replay_body(body, receive), send)
+
+    async def _forward(
+        self, address: str, node_id: str, scope: Scope, body: bytes, receive: Receive, send: Send
+    ) -> bool:
+        """True once an answer came from the node (whatever its status); False when it could
+        not be reached (nothing was sent to the client)."""
+        url = address.rstrip("/") + scope["path"]
+        if scope.get("query_string"):
+            url += "?" + scope["query_string"].decode("latin-1")
+        headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() not in _HOP]
+        headers.append((FORWARDED_HEADER, self.registry.node_id.encode("latin-1")))
+        rid = request_id(scope)
+        if rid:
+            headers = [(k, v) for k, v in headers if k.lower() != b"x-request-id"]
+            headers.append((b"x-request-id", rid.encode("latin-1")))
+        request = self.client.build_request(
+            "POST",
+            url,
+            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers],
+            content=body,
+        )
+        try:
+            response = await self.client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as error:
+            logger.warning("forwarding to node %s (%s) failed: %r", node_id, address, error)
+            return False
+        try:
+            await self._relay(response, receive, send)
+        finally:
+            await response.aclose()
+        return True
+
+    async def _relay(self, response: httpx.Response, receive: Receive, send: Send) -> None:
+        kept = [
+            (k.encode("latin-1"), v.encode("latin-1"))
+            for k, v in response.headers.multi_items()
+            if k.lower().encode("latin-1") not in _HOP
+        ]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": kept})
+        streaming = response.headers.get("content-type", "").startswith("text/event-stream")
+        left = asyncio.create_task(_disconnected(receive))
+        try:
+            async for chunk in _until(response.aiter_raw(), left):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (httpx.HTTPError, OSError) as error:
+            # The serving node went away mid-answer: a stream ends with an error frame.
+            logger.warning("the forwarded answer was cut: %r", error)
+            if streaming:
+                frame = {
+                    "error": {
+                        "message": "The node serving this model stopped mid-answer.",
+                        "type": "server_error",
+                        "code": "upstream_error",
+                    }
+                }
+                data = b"data: " + json.dumps(frame).encode() + b"\n\n"
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        finally:
+            left.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _until(chunks: Any, left: asyncio.Task[None]) -> Any:
+    """The chunks until the client leaves (then the upstream answer is closed: its node
+    aborts the request as for any client that leaves)."""
+    iterator = chunks.__aiter__()
+    while True:
+        step = asyncio.ensure_future(iterator.__anext__())
+        done, _ = await asyncio.wait({step, left}, return_when=asyncio.FIRST_COMPLETED)
+        if left in done:
+            step.cancel()
+            with contextlib.suppress(BaseException):
+                await step
+            return
+        try:
+            yield step.result()
+        except StopAsyncIteration:
+            return
