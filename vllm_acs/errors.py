@@ -442,3 +442,22 @@ class LoomFileInvalid(InvalidRequest):
     """An import file that cannot become a Loom (malformed, cyclic, over a limit)."""
 
     code = "loom_file_invalid"
+
+
+class DatabaseUnavailable(AcsError):
+    """The shared database did not answer in time (unreachable, or its pool is used up)."""
+
+    status = 503
+    type = "server_error"
+    code = "db_pool_exhausted"
+    retry_after_s = 2
+
+
+class CountersUnavailable(AcsError):
+    """The shared counters (Redis) did not answer: nothing is admitted until they do, so no
+    key's limits or budgets can be passed meanwhile."""
+
+    status = 503
+    type = "server_error"
+    code = "circuit_open"
+    retry_after_s = 2

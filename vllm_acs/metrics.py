@@ -112,3 +112,14 @@ FORWARDED = Counter(
     "connection failed; the next node is tried).",
     ["outcome"],
 )
+OUTAGES = Counter(
+    "acs_shared_service_outages",
+    "Requests answered 503 because a shared service did not answer: the database or the "
+    "counters (Redis).",
+    ["service"],
+)
+LEASES_LOST = Counter(
+    "acs_leases_lost",
+    "In-flight requests whose Redis lease had lapsed when this process renewed it (a stalled "
+    "process, or Redis restarted): the slot and hold are put back for the rest of the request.",
+)

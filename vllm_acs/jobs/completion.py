@@ -27,6 +27,9 @@ from .replay import ASGIApp, ReplayAnswer, replay_completion
 KIND = "completion"
 # A job whose key has every running and waiting slot taken waits this long before its next try.
 QUEUE_FULL_RETRY_S = 1.0
+# A job whose run met a shared service down (the database, Redis) tries again after this long.
+OUTAGE_CODES = frozenset({"db_pool_exhausted", "circuit_open"})
+OUTAGE_RETRY_S = 2.0
 
 
 def principal_to_json(principal: Principal) -> dict[str, Any]:
@@ -71,6 +74,8 @@ class CompletionJobKind:
         code = answer.code
         if answer.status == 429 and code == "queue_full":
             return HandBack(QUEUE_FULL_RETRY_S)
+        if answer.status == 503 and code in OUTAGE_CODES:
+            return HandBack(OUTAGE_RETRY_S)  # a shared service was down: not the job's failure
         status = JobStatus.SUCCEEDED if answer.status == 200 else JobStatus.FAILED
         return JobOutcome(status, answer.status, answer.body.decode("utf-8", "replace"), code)
 

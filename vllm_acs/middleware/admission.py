@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timezone
 
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
-from ..errors import AcsError, SpendCap
+from ..errors import AcsError, CountersUnavailable, SpendCap
 from ..metrics import ADMISSIONS, TOKENS_SETTLED, SlotGauges
 from ..principal import PRINCIPAL_STATE_KEY, REPLAY_SCOPE_KEY, Principal, Replay
 from ..refusals import refusal
@@ -59,6 +59,37 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         await _Admission(self, scope, validated, principal).run(receive, send)
+
+
+def _lease_lost() -> AcsError:
+    return CountersUnavailable(
+        "This request lost its place in the shared counters (Redis restarted, or the node "
+        "stalled past its lease) and was stopped; send it again."
+    )
+
+
+def receive_until(event: asyncio.Event, receive: Receive) -> Receive:
+    """A receive() that reports a disconnect once `event` is set (the app then aborts the
+    request, as for a client that left); the pending real receive is kept for the next call."""
+    pending: asyncio.Future[Message] | None = None
+
+    async def watched() -> Message:
+        nonlocal pending
+        if event.is_set():
+            return {"type": "http.disconnect"}
+        if pending is None:
+            pending = asyncio.ensure_future(receive())
+        stop = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait({pending, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if pending.done():
+            message, pending = pending.result(), None
+            return message
+        return {"type": "http.disconnect"}
+
+    return watched
 
 
 class _Admission:
@@ -118,7 +149,15 @@ class _Admission:
                 gauges.start_running()
             # From here the engine works on the prompt: what a dead process's hold settles at.
             self.m.counters.report_progress(self.ticket, self.validated.prompt_tokens, 0)
-            await self.m.app(self.scope, receive, self._send_through(send))
+            meter = self.meter
+            await self.m.app(
+                self.scope, receive_until(self.ticket.lease_lost, receive), self._send_through(send)
+            )
+            if self.ticket.lease_lost.is_set():
+                if meter.status:  # the answer began: a stream ends with the error's frame
+                    raise _lease_lost()
+                meter.status = 503
+                await send_error(self.scope, send, _lease_lost())
         except ClientGone:
             self.meter.status = 499  # nobody to answer: the client left while its request waited
         except LeaseLost:

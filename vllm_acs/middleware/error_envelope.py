@@ -11,7 +11,15 @@ import json
 import logging
 from typing import Any
 
-from ..errors import AcsError, InternalError, error_body
+from ..errors import (
+    AcsError,
+    CountersUnavailable,
+    DatabaseUnavailable,
+    InternalError,
+    error_body,
+)
+from ..metrics import OUTAGES
+from ..storage.outages import outage_of
 from .asgi import ASGIApp, Message, Receive, Scope, Send, note_error_code, request_id, send_error
 from .sse import SseEventBuffer
 from .upstream_errors import engine_error, foreign_message, framework_error, is_acs_envelope
@@ -175,6 +183,28 @@ class ErrorEnvelopeMiddleware:
         responder = _Responder(scope, send)
         try:
             await self.app(scope, receive, responder.send)
-        except Exception:
-            logger.exception("unhandled error in request %s", request_id(scope))
-            await responder.fail(InternalError())
+        except AcsError as error:  # raised after the answer began (e.g. a stream's lost lease)
+            await responder.fail(error)
+        except Exception as error:
+            outage = outage_of(error)
+            if outage is None:
+                logger.exception("unhandled error in request %s", request_id(scope))
+                await responder.fail(InternalError())
+                return
+            logger.warning(
+                "request %s: the %s did not answer: %r",
+                request_id(scope),
+                "database" if outage == "database" else "shared counters (Redis)",
+                error,
+            )
+            OUTAGES.labels(service=outage).inc()
+            await responder.fail(
+                DatabaseUnavailable(
+                    "The database is not reachable right now; try again in a moment."
+                )
+                if outage == "database"
+                else CountersUnavailable(
+                    "The shared counters (Redis) are not reachable right now, so nothing is "
+                    "admitted; try again in a moment."
+                )
+            )

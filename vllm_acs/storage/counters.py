@@ -9,6 +9,7 @@ clamping (`AdmitRequest.count_start`, `allow_clamp`).
 from __future__ import annotations
 
 import abc
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -55,6 +56,10 @@ class Ticket:
     settled: bool = False
     # The key's limit when it was admitted: a waiter keeps the value it came with.
     max_running: int = 1
+    # Set when the shared counters no longer hold this ticket (its lease lapsed while the
+    # process stalled, or Redis restarted empty): the request is stopped, since it runs without
+    # a slot or a Hold that anyone else can see.
+    lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def charge(kind: BudgetKind, reserved: int, prompt_tokens: int, completion_tokens: int) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from ..metrics import LEASES_LOST
 from ..principal import Principal
 from .counters import AdmitRequest, Counters, SettledReader, Ticket, engine_prompt
 from .errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted, StorageError
@@ -51,7 +52,9 @@ class RedisCounters(Counters):
     def from_url(
         cls, url: str, read_settled: SettledReader, *, prefix: str, lease_ms: int
     ) -> RedisCounters:
-        return cls(Redis.from_url(url), read_settled, prefix=prefix, lease_ms=lease_ms)
+        # Timeouts: a Redis that does not answer is an outage (503), not a request that hangs.
+        redis = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+        return cls(redis, read_settled, prefix=prefix, lease_ms=lease_ms)
 
     def _k(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
@@ -185,8 +188,24 @@ class RedisCounters(Counters):
             except Exception:  # a brief Redis outage must not kill the renewer
                 logger.exception("renewing %d leases failed; retrying", len(tickets))
                 continue
-            for ticket_id in lost:
-                logger.warning("lease of %s expired before renewal", ticket_id.decode())
+            for raw in lost:
+                self._lost(raw.decode() if isinstance(raw, bytes) else str(raw))
+
+    def _lost(self, ticket_id: str) -> None:
+        """Redis no longer holds this ticket: another process's admit settled its expired Hold
+        and freed its slot (this process stalled past its lease), or Redis restarted empty.
+        The process stops counting the slot as its own and the request is stopped."""
+        ticket = self._in_flight.pop(ticket_id, None)
+        if ticket is None or ticket.lease_lost.is_set():
+            return
+        logger.warning(
+            "the Redis lease of request %s had lapsed when it was renewed (a stall longer than "
+            "%d ms, or Redis restarted): its slot and Hold are gone, so it is stopped",
+            ticket_id,
+            self._lease_ms,
+        )
+        LEASES_LOST.inc()
+        ticket.lease_lost.set()
 
     async def committed(self, counter: str) -> int:
         return int(await self._redis.get(self._k("bud", counter)) or 0)

@@ -57,7 +57,16 @@ def create_engine(url: str) -> AsyncEngine:
         engine = create_async_engine(url)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
-    return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+    # Bounded waits: a database that does not answer is an outage (503 db_pool_exhausted),
+    # not a request that hangs (asyncpg's connect timeout, a pool checkout timeout).
+    return create_async_engine(
+        url,
+        pool_size=10,
+        max_overflow=10,
+        pool_pre_ping=True,
+        pool_timeout=5,
+        connect_args={"timeout": 3, "command_timeout": 30},
+    )
 
 
 def is_sqlite(url: str) -> bool:

@@ -1,0 +1,148 @@
+"""Faults of the shared services, with a real node: Redis stopped and started again empty, and
+PostgreSQL unreachable for a few seconds. Meanwhile requests answer `503` with Retry-After in
+bounded time, never a 500 or a hang; afterwards admission is exact again.
+
+The node reaches PostgreSQL through a TCP proxy the test cuts (tests/tcp_proxy.py) and uses a
+private redis-server the test stops and starts (tests/redis_server.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.harness import ServerProcess, started
+from tests.redis_server import RedisServer
+from tests.services import private_pg_database
+from tests.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.e2e
+
+LEASE_MS = 1500
+LONG = {"prompt": "Once", "max_tokens": 2000, "temperature": 1.0, "stream": True}
+
+
+class Node:
+    def __init__(self, server: ServerProcess, proxy: TcpProxy, redis: RedisServer) -> None:
+        self.server, self.proxy, self.redis = server, proxy, redis
+
+
+@pytest.fixture(scope="module")
+def node(tiny_model_dir, tmp_path_factory) -> Iterator[Node]:
+    home = tmp_path_factory.mktemp("faults-home")
+    redis = RedisServer(home).start()
+    with private_pg_database() as database_url:
+        host_port, _name = database_url.split("://", 1)[1].split("@", 1)[1].rsplit("/", 1)
+        host, port = host_port.split(":")
+        with TcpProxy(host, int(port)) as proxy:
+            proxied = database_url.replace(host_port, f"127.0.0.1:{proxy.port}")
+            env = {
+                "VLLM_ACS_HOME": str(home),
+                "VLLM_ACS_DATABASE_URL": proxied,
+                "VLLM_ACS_REDIS_URL": redis.url,
+                "VLLM_ACS_LEASE_MS": str(LEASE_MS),
+            }
+            subprocess.run(
+                [sys.executable, "-m", "vllm_acs.cli", "db", "upgrade"],
+                env={**os.environ, **env},
+                check=True,
+                capture_output=True,
+            )
+            server = ServerProcess(model_dir=tiny_model_dir, log_path=home / "node.log", env=env)
+            try:
+                with started(server):
+                    yield Node(server, proxy, redis)
+            finally:
+                redis.stop()
+
+
+def _timed(call) -> tuple[httpx.Response, float]:
+    begun = time.monotonic()
+    response = call()
+    return response, time.monotonic() - begun
+
+
+def test_an_unreachable_database_answers_503_then_recovers(node: Node):
+    key = node.server.create_key("faults-db")
+    auth = {"Authorization": f"Bearer {key}"}
+    base = node.server.base_url
+    assert httpx.get(f"{base}/v1/looms", headers=auth, timeout=30).status_code == 200
+    node.proxy.cut()
+    try:
+        for method, path, body in [
+            ("GET", "/v1/looms", None),
+            ("POST", "/v1/looms", {"prompt": "x"}),
+            ("GET", "/v1/completion-jobs/job_none", None),
+        ]:
+            response, took = _timed(
+                lambda m=method, p=path, b=body: httpx.request(
+                    m, base + p, json=b, headers=auth, timeout=60
+                )
+            )
+            assert response.status_code == 503, (path, response.text)
+            assert response.json()["error"]["code"] == "db_pool_exhausted"
+            assert int(response.headers["retry-after"]) >= 1
+            assert took < 15, f"{path} took {took:.1f}s with the database unreachable"
+    finally:
+        node.proxy.restore()
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{base}/v1/looms", headers=auth, timeout=30).status_code != 200:
+        assert time.monotonic() < deadline, node.server.log_tail()
+        time.sleep(0.5)
+
+
+def _stream(base: str, auth: dict, into: list) -> None:
+    """A long streamed completion; appends (status, saw [DONE], saw an error frame)."""
+    url = f"{base}/v1/completions"
+    try:
+        with httpx.stream("POST", url, json=LONG, headers=auth, timeout=120) as response:
+            lines = list(response.iter_lines()) if response.status_code == 200 else []
+        errors = any('"error"' in line for line in lines)
+        into.append((response.status_code, "data: [DONE]" in lines, errors))
+    except httpx.HTTPError as error:  # a cut connection
+        into.append((0, False, repr(error)))
+
+
+def test_redis_restarted_answers_503_meanwhile_then_admission_is_exact(node: Node):
+    limits = ("--max-running", "1", "--max-waiting", "0")
+    record = node.server.create_key_record("faults-redis", *limits)
+    auth = {"Authorization": f"Bearer {record['key']}"}
+    base = node.server.base_url
+    first: list = []
+    streaming = threading.Thread(target=_stream, args=(base, auth, first))
+    streaming.start()
+    node.server.wait_for_metric("acs_running_requests", 1)
+    node.redis.stop()
+    try:
+        body = {"prompt": "x", "max_tokens": 1}
+        refused, took = _timed(
+            lambda: httpx.post(f"{base}/v1/completions", json=body, headers=auth, timeout=60)
+        )
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "circuit_open"
+        assert "retry-after" in refused.headers and took < 15
+    finally:
+        node.redis.start()  # the same port, empty: every slot and Hold is gone
+    # The request that ran across the restart lost its lease: it is stopped, its stream ends
+    # with an error frame, and it holds no slot any more.
+    streaming.join(timeout=120)
+    assert first and first[0][1] is False, first
+    node.server.wait_for_metric("acs_running_requests", 0)
+    assert node.server.metric("acs_leases_lost_total") >= 1
+    # Admission is exact again: one running slot, no queue place.
+    second: list = []
+    again = threading.Thread(target=_stream, args=(base, auth, second))
+    again.start()
+    node.server.wait_for_metric("acs_running_requests", 1)
+    over = httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                      headers=auth, timeout=60)  # fmt: skip
+    assert (over.status_code, over.json()["error"]["code"]) == (429, "queue_full")
+    again.join(timeout=300)
+    assert second and second[0][:2] == (200, True), second
