@@ -108,6 +108,9 @@ class SeaweedFS:
             "-master.telemetry=false",
             "-master.volumeSizeLimitMB=64",
             f"-s3.config={self.directory / 's3.json'}",
+            # Its own sockets in its directory, not /tmp/seaweedfs-*-<port>.sock left behind.
+            f"-s3.localSocket={self.directory / 's3.sock'}",
+            f"-filer.localSocket={self.directory / 'filer.sock'}",
             f"-bucket={self.bucket}",
         ]
 

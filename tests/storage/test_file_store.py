@@ -125,7 +125,7 @@ def test_delete_tree(store):
 def test_local_files_have_no_url_of_their_own(tmp_path):
     now = datetime.now(timezone.utc)
     store = LocalFileStore(tmp_path)
-    assert asyncio.run(store.download_url("a/b", now + timedelta(days=1), now)) is None
+    assert asyncio.run(store.download_urls(["a/b"], now + timedelta(days=1), now)) is None
 
 
 @pytest.mark.parametrize("name", ["", "/etc/passwd", "a/../b", "a//b", "..", "a/./b", "a b"])

@@ -25,7 +25,8 @@ def store(seaweedfs) -> S3FileStore:
 
 def _url(store: S3FileStore, name: str, lifetime: timedelta) -> str | None:
     now = datetime.now(timezone.utc)
-    return asyncio.run(store.download_url(name, now + lifetime, now))
+    urls = asyncio.run(store.download_urls([name], now + lifetime, now))
+    return None if urls is None else urls[0]
 
 
 def test_a_presigned_url_serves_the_file_and_its_ranges(store):
@@ -42,6 +43,12 @@ def test_a_presigned_url_serves_the_file_and_its_ranges(store):
     resumed = httpx.get(url, headers={"Range": f"bytes={len(DATA) - 10}-"})
     assert resumed.status_code == 206 and resumed.content == DATA[-10:]
     assert httpx.get(url, headers={"Range": f"bytes={len(DATA)}-"}).status_code == 416
+    # Many at once, in order (a harvest's manifest, stats and every shard).
+    now = datetime.now(timezone.utc)
+    names = ["harvests/job_1/manifest.json", "harvests/job_1/shard_00000.safetensors"]
+    urls = asyncio.run(store.download_urls(names, now + timedelta(hours=1), now))
+    assert urls is not None and [urlsplit(u).path.split("/", 3)[3] for u in urls] == names
+    assert httpx.get(urls[1]).content == DATA
 
 
 def test_an_expired_or_altered_url_is_refused(store):

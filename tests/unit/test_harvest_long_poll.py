@@ -63,7 +63,7 @@ class _NoFiles:
     async def size(self, name: str) -> int:
         return 1
 
-    async def download_url(self, name: str, expires_at: datetime, now: datetime) -> None:
+    async def download_urls(self, names: list[str], expires_at: datetime, now: datetime) -> None:
         return None
 
 

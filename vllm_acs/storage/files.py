@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,9 +67,12 @@ class FileStore(Protocol):
         """When the file (or the newest file of the folder) was last written; None if absent."""
         ...
 
-    async def download_url(self, name: str, expires_at: datetime, now: datetime) -> str | None:
-        """A URL that serves the file itself, without the node, until `expires_at` (an object
-        store's presigned GET), or None: the node serves it at its signed `/downloads` URL."""
+    async def download_urls(
+        self, names: Sequence[str], expires_at: datetime, now: datetime
+    ) -> list[str] | None:
+        """URLs that serve these files themselves, without the node, until `expires_at` (an
+        object store's presigned GETs), in order; or None: the node serves them at its signed
+        `/downloads` URLs."""
         ...
 
 
@@ -127,7 +130,9 @@ class LocalFileStore:
     async def modified_at(self, name: str) -> datetime | None:
         return await asyncio.to_thread(_modified_at, self._path(name))
 
-    async def download_url(self, name: str, expires_at: datetime, now: datetime) -> str | None:
+    async def download_urls(
+        self, names: Sequence[str], expires_at: datetime, now: datetime
+    ) -> list[str] | None:
         return None  # the node's own /downloads route serves local files
 
 

@@ -285,23 +285,24 @@ class HarvestService:
         signer, now = self.signer, self.clock()
         expires_at = job.finished_at + URL_LIFETIME
 
-        async def url(name: str) -> str:
-            # The store's own URL when it has one (S3: presigned now, for min(ended + 7 days,
-            # now + 7 days)); else, and once expired, the node's signed /downloads URL.
-            if now < expires_at:
-                direct = await self.files.download_url(
-                    f"{job_prefix(job.id)}/{name}", expires_at, now
-                )
-                if direct is not None:
-                    return direct
-            return base_url + signer.sign(f"{DOWNLOADS_PATH}/{job.id}/{name}", expires_at)
-
+        names = [MANIFEST, STATS, *result["files"]]
+        # The store's own URLs when it has them (S3: presigned now, for min(ended + 7 days,
+        # now + 7 days)); else, and once expired, the node's signed /downloads URLs.
+        urls = None
+        if now < expires_at:
+            stored = [f"{job_prefix(job.id)}/{name}" for name in names]
+            urls = await self.files.download_urls(stored, expires_at, now)
+        if urls is None:
+            urls = [
+                base_url + signer.sign(f"{DOWNLOADS_PATH}/{job.id}/{name}", expires_at)
+                for name in names
+            ]
         shown.result = HarvestResult(
             n_shards=result["n_shards"],
             layer_indices=result["layer_indices"],
-            manifest_url=await url(MANIFEST),
-            shard_urls=[await url(name) for name in result["files"]],
-            stats_url=await url(STATS),
+            manifest_url=urls[0],
+            shard_urls=urls[2:],
+            stats_url=urls[1],
             timings=result.get("timings", {}),
         )
         shown.urls_expire_at = _iso(expires_at)
