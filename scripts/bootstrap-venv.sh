@@ -26,6 +26,9 @@ else
   $PIP uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
+# The test extras' SeaweedFS (the object-store tests' S3 server) must run on this machine.
+$VENV/bin/weed version >/dev/null
+
 # SAELens, for the test that trains an SAE on a harvest, beside what vLLM needs: pinned to the
 # torch, transformers and numpy already here, so installing it can never move them.
 $VENV/bin/python -c 'import numpy, torch, transformers

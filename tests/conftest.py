@@ -1,4 +1,5 @@
-"""Session fixtures: the tiny model, generated once, and one real vLLM server for e2e tests."""
+"""Session fixtures: the tiny model, generated once, one real vLLM server for e2e tests, and a
+real S3-compatible server (SeaweedFS) for the object-store tests, started on first use."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import httpx
 import pytest
 
 from tests.harness import CHECKPOINT, MODEL_ID, ServerProcess, running_server
+from tests.seaweedfs import SeaweedFS, running_seaweedfs
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +63,11 @@ def model_id() -> str:
 @pytest.fixture(scope="session")
 def checkpoint() -> str:
     return CHECKPOINT
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """SeaweedFS's S3 gateway with one bucket (`seaweedfs.bucket`); give each store its own
+    `seaweedfs.prefix()`."""
+    with running_seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server

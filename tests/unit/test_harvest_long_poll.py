@@ -55,13 +55,16 @@ class _Jobs:
 
 
 class _NoFiles:
-    """No manifest yet; every other file reads as present."""
+    """No manifest yet; every other file reads as present; no URLs of its own."""
 
-    def read(self, name: str) -> bytes:
+    async def read(self, name: str) -> bytes:
         raise FileNotFoundError(name)
 
-    def size(self, name: str) -> int:
+    async def size(self, name: str) -> int:
         return 1
+
+    async def download_urls(self, names: list[str], expires_at: datetime, now: datetime) -> None:
+        return None
 
 
 def _service(long_polls: int) -> tuple[HarvestService, _Jobs]:
@@ -128,8 +131,10 @@ def test_urls_expire_seven_days_after_the_harvest_ended():
     query = dict(p.split("=") for p in fresh["result"]["shard_urls"][0].split("?")[1].split("&"))
 
     def download() -> str:
-        return service.download_name(
-            "job_1", "shard_00000.safetensors", query["expires"], query["signature"]
+        return asyncio.run(
+            service.download_name(
+                "job_1", "shard_00000.safetensors", query["expires"], query["signature"]
+            )
         )
 
     clock["now"] = NOW + timedelta(days=7) - timedelta(seconds=1)

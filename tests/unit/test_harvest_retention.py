@@ -57,7 +57,7 @@ def test_the_sweep_keeps_what_is_live_and_deletes_the_rest(tmp_path):
         "job_old": ended(7.1),
     }
     for name in [*rows, "job_orphan", "job_fresh_orphan"]:
-        files.write(f"harvests/{name}/manifest.json", b"{}")
+        asyncio.run(files.write(f"harvests/{name}/manifest.json", b"{}"))
     old = (NOW - timedelta(hours=2)).timestamp()
     os.utime(tmp_path / "harvests" / "job_orphan" / "manifest.json", (old, old))
     fresh = (NOW - timedelta(minutes=5)).timestamp()
@@ -66,4 +66,8 @@ def test_the_sweep_keeps_what_is_live_and_deletes_the_rest(tmp_path):
         None, files, None, None, SimpleNamespace(), lambda: None, None, jobs=_Jobs(rows)
     )
     assert asyncio.run(kind.sweep(NOW)) == 2
-    assert files.children("harvests") == ["job_fresh_orphan", "job_recent", "job_running"]
+    assert asyncio.run(files.children("harvests")) == [
+        "job_fresh_orphan",
+        "job_recent",
+        "job_running",
+    ]

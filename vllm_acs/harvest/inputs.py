@@ -6,6 +6,7 @@ API server process: the submit writes them, the job reads them (each attempt, th
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -119,9 +120,10 @@ def prepare_prompts(
     return PreparedPrompts(HarvestInput(tokens, np.cumsum(lengths)), tuple(truncated))
 
 
-def save_input(files: FileStore, job_id: str, inputs: HarvestInput) -> None:
-    files.write(input_name(job_id), inputs.to_bytes())
+async def save_input(files: FileStore, job_id: str, inputs: HarvestInput) -> None:
+    data = await asyncio.to_thread(inputs.to_bytes)
+    await files.write(input_name(job_id), data)
 
 
-def load_input(files: FileStore, name: str) -> HarvestInput:
-    return HarvestInput.from_bytes(files.read(name))
+async def load_input(files: FileStore, name: str) -> HarvestInput:
+    return await asyncio.to_thread(HarvestInput.from_bytes, await files.read(name))

@@ -173,8 +173,8 @@ class _Run:
 
     async def run(self) -> dict[str, Any] | None:
         self.principal = await self.kind.principal_now(self.request.principal)
-        inputs = await asyncio.to_thread(load_input, self.files, input_name(self.job.id))
-        manifest, stats = await asyncio.to_thread(self._resume_point, inputs)
+        inputs = await load_input(self.files, input_name(self.job.id))
+        manifest, stats = await self._resume_point(inputs)
         size = self.request.shard_size
         buffer: list[HarvestedPrompt] = []
         # Closed however the loop ends, so the prompts still in the engine are aborted at once.
@@ -188,7 +188,7 @@ class _Run:
                         return None  # stopped while waiting for the key's slot
                     buffer = []
         manifest.complete = True
-        await asyncio.to_thread(self.files.write, f"{self.prefix}/{MANIFEST}", manifest.to_bytes())
+        await self.files.write(f"{self.prefix}/{MANIFEST}", manifest.to_bytes())
         return {
             "n_shards": len(manifest.shards),
             "layer_indices": manifest.layer_indices,
@@ -197,16 +197,15 @@ class _Run:
             "timings": self.timings.as_dict(),
         }
 
-    def _resume_point(self, inputs: HarvestInput) -> tuple[Manifest, LayerStats]:
+    async def _resume_point(self, inputs: HarvestInput) -> tuple[Manifest, LayerStats]:
         layers = self.request.layers
         try:
-            manifest = Manifest.from_bytes(self.files.read(f"{self.prefix}/{MANIFEST}"))
+            manifest = Manifest.from_bytes(await self.files.read(f"{self.prefix}/{MANIFEST}"))
         except FileNotFoundError:
             manifest = None
         if manifest is not None and manifest.shards:
-            state = state_from_bytes(
-                self.files.read(_state_name(self.job.id, len(manifest.shards)))
-            )
+            saved = await self.files.read(_state_name(self.job.id, len(manifest.shards)))
+            state = await asyncio.to_thread(state_from_bytes, saved)
             logger.info(
                 "harvest %s resumes after shard %d (%d prompts done)",
                 self.job.id,
@@ -306,7 +305,7 @@ class _Run:
             return False
         started = time.perf_counter()
         try:
-            entry = await asyncio.to_thread(self._write_files, manifest, stats, prompts, number)
+            entry = await self._write_files(manifest, stats, prompts, number)
         except BaseException:
             await asyncio.shield(self.kind.counters.settle(ticket, 0, 0))
             raise
@@ -331,7 +330,7 @@ class _Run:
         await asyncio.shield(self.kind.counters.settle(ticket, n_tokens if charged else 0, 0))
         if charged and self.kind.on_charged is not None:
             self.kind.on_charged(row)
-        await asyncio.to_thread(self._list_shard, manifest, entry)
+        await self._list_shard(manifest, entry)
         self.timings.write_s += time.perf_counter() - started
         self.timings.tokens += n_tokens
         self.timings.prompts += len(prompts)
@@ -387,24 +386,16 @@ class _Run:
         except TimeoutError:
             return False
 
-    def _write_files(
+    async def _write_files(
         self, manifest: Manifest, stats: LayerStats, prompts: list[HarvestedPrompt], number: int
     ) -> ShardEntry:
         """Shard, statistics state, stats.safetensors (then the charge, then the manifest that
         lists the shard): a crash between any two leaves the manifest naming complete shards."""
-        bos = self.model.bos_token_id
-        for prompt in prompts:
-            rows = prompt.as_float32()
-            if bos is not None and prompt.n_tokens and int(prompt.tokens[0]) == bos:
-                stats.add(rows[:, 1:], rows[:, :1])
-            else:
-                stats.add(rows)
+        shard, state, final = await asyncio.to_thread(self._encode_shard, manifest, stats, prompts)
         name = shard_name(number)
-        stored = self.files.write(f"{self.prefix}/{name}", shard_bytes(prompts))
-        self.files.write(_state_name(self.job.id, number + 1), state_bytes(stats.to_state()))
-        self.files.write(
-            f"{self.prefix}/{STATS}", stats_bytes(stats.final(), manifest.layer_indices)
-        )
+        stored = await self.files.write(f"{self.prefix}/{name}", shard)
+        await self.files.write(_state_name(self.job.id, number + 1), state)
+        await self.files.write(f"{self.prefix}/{STATS}", final)
         entry = ShardEntry(
             file=name,
             first_prompt=prompts[0].index,
@@ -414,6 +405,24 @@ class _Run:
         )
         return entry
 
-    def _list_shard(self, manifest: Manifest, entry: ShardEntry) -> None:
+    def _encode_shard(
+        self, manifest: Manifest, stats: LayerStats, prompts: list[HarvestedPrompt]
+    ) -> tuple[bytes, bytes, bytes]:
+        """The shard's bytes, the statistics state and stats.safetensors with its prompts added
+        (CPU work: in a worker thread)."""
+        bos = self.model.bos_token_id
+        for prompt in prompts:
+            rows = prompt.as_float32()
+            if bos is not None and prompt.n_tokens and int(prompt.tokens[0]) == bos:
+                stats.add(rows[:, 1:], rows[:, :1])
+            else:
+                stats.add(rows)
+        return (
+            shard_bytes(prompts),
+            state_bytes(stats.to_state()),
+            stats_bytes(stats.final(), manifest.layer_indices),
+        )
+
+    async def _list_shard(self, manifest: Manifest, entry: ShardEntry) -> None:
         manifest.shards.append(entry)
-        self.files.write(f"{self.prefix}/{MANIFEST}", manifest.to_bytes())
+        await self.files.write(f"{self.prefix}/{MANIFEST}", manifest.to_bytes())

@@ -6,7 +6,6 @@ API server process (the job runner's sweep) and the CLI (`vllm-acs jobs sweep`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import datetime, timedelta
 
@@ -33,17 +32,19 @@ async def sweep_files(files: FileStore, jobs: JobRepository, now: datetime) -> i
     """Deletes the files of harvests that ended more than FILES_KEPT ago, and of harvests whose
     row is gone (retention deleted it, or a submit failed); returns how many."""
     removed = 0
-    for job_id in await asyncio.to_thread(files.children, "harvests"):
+    for job_id in await files.children("harvests"):
         job = await jobs.get(job_id)
         if job is not None and not (
             job.ended and job.finished_at is not None and job.finished_at < now - FILES_KEPT
         ):
             continue
         if job is None:
-            written = await asyncio.to_thread(files.modified_at, job_prefix(job_id))
-            if written is not None and written > now - ORPHAN_GRACE:
+            written = await files.modified_at(job_prefix(job_id))
+            # None: nothing is left under it (an object store may list an emptied folder a
+            # while: SeaweedFS does).
+            if written is None or written > now - ORPHAN_GRACE:
                 continue
-        await asyncio.to_thread(files.delete_tree, job_prefix(job_id))
+        await files.delete_tree(job_prefix(job_id))
         removed += 1
     if removed:
         logger.info("deleted the files of %d harvest(s) past their retention", removed)

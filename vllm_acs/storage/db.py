@@ -97,7 +97,7 @@ class Storage:
     jobs: JobRepository
     idempotency: IdempotencyRecords
     harvests: HarvestRepository
-    # Job files (harvest shards): a local directory now, an object store where nodes share them.
+    # Job files (harvest shards): a local directory, or an S3-compatible bucket nodes share.
     files: FileStore
     looms: LoomRepository
     registry: RegistryRepository
@@ -142,6 +142,15 @@ async def ensure_schema(engine: AsyncEngine, url: str, *, auto_upgrade: bool) ->
         )
 
 
+def open_file_store(settings: Settings) -> FileStore:
+    """An S3-compatible bucket when `s3_bucket` is set, else the local `files_dir`."""
+    if settings.s3_bucket:
+        from .files_s3 import S3FileStore
+
+        return S3FileStore.from_settings(settings)
+    return LocalFileStore(settings.resolved_files_dir)
+
+
 async def open_storage(
     settings: Settings,
     *,
@@ -150,6 +159,7 @@ async def open_storage(
     counters: Counters | None = None,
 ) -> Storage:
     """Opens the configured database and counters. `upgrade_schema` defaults to True for SQLite."""
+    files = open_file_store(settings)  # first: bad s3_* settings fail before anything opens
     url = settings.resolved_database_url
     engine = create_engine(url)
     auto = is_sqlite(url) if upgrade_schema is None else upgrade_schema
@@ -169,7 +179,12 @@ async def open_storage(
             )
         else:
             counters = EmbeddedCounters(usage.read_settled)
-    logger.info("storage open: %s, %s counters", engine.dialect.name, counters.name)
+    logger.info(
+        "storage open: %s, %s counters, files in %s",
+        engine.dialect.name,
+        counters.name,
+        f"bucket {settings.s3_bucket}" if settings.s3_bucket else settings.resolved_files_dir,
+    )
     return Storage(
         engine=engine,
         accounts=AccountRepository(engine),
@@ -181,7 +196,7 @@ async def open_storage(
         jobs=JobRepository(engine),
         idempotency=IdempotencyRecords(engine),
         harvests=HarvestRepository(engine),
-        files=LocalFileStore(settings.resolved_files_dir),
+        files=files,
         looms=LoomRepository(engine),
         registry=RegistryRepository(engine),
     )

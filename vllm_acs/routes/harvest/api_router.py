@@ -8,6 +8,7 @@ middleware its claim when the client sent a key; every error is an `AcsError` in
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -53,6 +54,11 @@ def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
     return start, end
 
 
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield  # an empty async generator: the body of an empty file
+
+
 def build_router(service: HarvestService) -> APIRouter:
     router = APIRouter(tags=["harvests"])
 
@@ -91,11 +97,11 @@ def build_router(service: HarvestService) -> APIRouter:
     async def download(request: Request, job_id: str, file_name: str) -> Response:
         try:
             params = request.query_params
-            name = service.download_name(
+            name = await service.download_name(
                 job_id, file_name, params.get("expires"), params.get("signature")
             )
             files = service.files
-            size = files.size(name) or 0
+            size = await files.size(name) or 0
             wanted = byte_range(request.headers.get("range"), size)
             start, end = wanted or (0, size - 1)
             headers = {
@@ -110,7 +116,7 @@ def build_router(service: HarvestService) -> APIRouter:
             media = (
                 "application/json" if file_name.endswith(".json") else "application/octet-stream"
             )
-            chunks = files.open_range(name, start, end) if size else iter(())
+            chunks = files.read_range(name, start, end) if size else _nothing()
             return StreamingResponse(chunks, status, headers=headers, media_type=media)
         except AcsError as error:
             return error_response(request, error)

@@ -127,7 +127,7 @@ class HarvestService:
             202, json.dumps(shown), {"content-type": "application/json", "location": location}
         )
         # The prompts first: a job row never exists without its input file.
-        await asyncio.to_thread(save_input, storage.files, job.id, prepared.inputs)
+        await save_input(storage.files, job.id, prepared.inputs)
         try:
             await storage.harvests.submit(
                 job,
@@ -139,7 +139,7 @@ class HarvestService:
                 answer=answer if idempotency is not None else None,
             )
         except BaseException as error:
-            await asyncio.to_thread(storage.files.delete_tree, job_prefix(job.id))
+            await storage.files.delete_tree(job_prefix(job.id))
             if isinstance(error, HarvestLimitReached):
                 raise _limit_error(error) from None
             raise
@@ -219,7 +219,7 @@ class HarvestService:
                 headers = {"x-acs-longpoll": "declined", "retry-after": str(DECLINED_RETRY_S)}
             else:
                 job = await self._wait_for_change(job, principal, wait_s)
-        shown = await asyncio.to_thread(self.harvest_object, job, base_url)
+        shown = await self.harvest_object(job, base_url)
         return Answer(200, shown, headers)
 
     async def _wait_for_change(self, job: Job, principal: Principal, wait_s: int) -> Job:
@@ -248,11 +248,11 @@ class HarvestService:
             )
         if self.runner is not None:
             self.runner.stop_job(job.id)
-        return Answer(200, await asyncio.to_thread(self.harvest_object, job, base_url), {})
+        return Answer(200, await self.harvest_object(job, base_url), {})
 
-    def harvest_object(self, job: Job, base_url: str) -> dict[str, Any]:
+    async def harvest_object(self, job: Job, base_url: str) -> dict[str, Any]:
         request = job.request or {}
-        manifest = self._manifest(job.id)
+        manifest = await self._manifest(job.id)
         n_prompts = int(request.get("n_prompts", manifest.n_prompts if manifest else 0))
         shown = HarvestJob(
             job_id=job.id,
@@ -272,41 +272,52 @@ class HarvestService:
         if job.ended and job.result_body:
             result = json.loads(job.result_body)
             if job.status == JobStatus.SUCCEEDED:
-                self._add_result(shown, job, result, base_url)
+                await self._add_result(shown, job, result, base_url)
             elif isinstance(result.get("error"), dict):
                 error = result["error"]
                 shown.error = HarvestError(code=error.get("code"), message=error.get("message", ""))
         return shown.model_dump(exclude_none=True)
 
-    def _add_result(
+    async def _add_result(
         self, shown: HarvestJob, job: Job, result: dict[str, Any], base_url: str
     ) -> None:
         assert self.signer is not None and job.finished_at is not None
+        signer, now = self.signer, self.clock()
         expires_at = job.finished_at + URL_LIFETIME
 
-        def url(name: str) -> str:
-            return base_url + self.signer.sign(f"{DOWNLOADS_PATH}/{job.id}/{name}", expires_at)
-
+        names = [MANIFEST, STATS, *result["files"]]
+        # The store's own URLs when it has them (S3: presigned now, for min(ended + 7 days,
+        # now + 7 days)); else, and once expired, the node's signed /downloads URLs.
+        urls = None
+        if now < expires_at:
+            stored = [f"{job_prefix(job.id)}/{name}" for name in names]
+            urls = await self.files.download_urls(stored, expires_at, now)
+        if urls is None:
+            urls = [
+                base_url + signer.sign(f"{DOWNLOADS_PATH}/{job.id}/{name}", expires_at)
+                for name in names
+            ]
         shown.result = HarvestResult(
             n_shards=result["n_shards"],
             layer_indices=result["layer_indices"],
-            manifest_url=url(MANIFEST),
-            shard_urls=[url(name) for name in result["files"]],
-            stats_url=url(STATS),
+            manifest_url=urls[0],
+            shard_urls=urls[2:],
+            stats_url=urls[1],
             timings=result.get("timings", {}),
         )
         shown.urls_expire_at = _iso(expires_at)
-        shown.urls_expired = self.clock() >= expires_at
+        shown.urls_expired = now >= expires_at
 
-    def _manifest(self, job_id: str) -> Manifest | None:
+    async def _manifest(self, job_id: str) -> Manifest | None:
         try:
-            return Manifest.from_bytes(self._storage.files.read(f"{job_prefix(job_id)}/{MANIFEST}"))
+            data = await self._storage.files.read(f"{job_prefix(job_id)}/{MANIFEST}")
         except FileNotFoundError:
             return None
+        return Manifest.from_bytes(data)
 
     # --- downloads ----------------------------------------------------------------------------
 
-    def download_name(
+    async def download_name(
         self, job_id: str, file_name: str, expires: str | None, signature: str | None
     ) -> str:
         """The stored file a signed URL names; DownloadRefused otherwise."""
@@ -325,7 +336,7 @@ class HarvestService:
             check_name(name)
         except FileNameError:
             public = False
-        if not public or self._storage.files.size(name) is None:
+        if not public or await self._storage.files.size(name) is None:
             raise HarvestNotFound("No such harvest file (it may have been deleted).")
         return name
 

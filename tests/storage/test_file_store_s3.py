@@ -1,0 +1,151 @@
+"""The S3 file store beyond the shared contract, on a real SeaweedFS: presigned GET URLs that plain
+HTTP fetches (whole, a Range, refused once expired or altered, never past SigV4's 7 days), the
+settings that choose it, and the harvest files' retention sweep on it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timedelta, timezone
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+
+from vllm_acs.settings import Settings, SettingsError
+from vllm_acs.storage.files_s3 import S3FileStore
+
+DATA = bytes(range(256)) * 40
+
+
+@pytest.fixture
+def store(seaweedfs) -> S3FileStore:
+    return S3FileStore.from_settings(seaweedfs.settings(seaweedfs.prefix("presign")))
+
+
+def _url(store: S3FileStore, name: str, lifetime: timedelta) -> str | None:
+    now = datetime.now(timezone.utc)
+    urls = asyncio.run(store.download_urls([name], now + lifetime, now))
+    return None if urls is None else urls[0]
+
+
+def test_a_presigned_url_serves_the_file_and_its_ranges(store):
+    asyncio.run(store.write("harvests/job_1/shard_00000.safetensors", DATA))
+    url = _url(store, "harvests/job_1/shard_00000.safetensors", timedelta(hours=1))
+    assert url is not None
+    # The file's own name ends the path: download_harvest names its files by it.
+    assert urlsplit(url).path.endswith("/harvests/job_1/shard_00000.safetensors")
+    whole = httpx.get(url)
+    assert whole.status_code == 200 and whole.content == DATA
+    part = httpx.get(url, headers={"Range": "bytes=100-199"})
+    assert part.status_code == 206 and part.content == DATA[100:200]
+    assert part.headers["content-range"] == f"bytes 100-199/{len(DATA)}"
+    resumed = httpx.get(url, headers={"Range": f"bytes={len(DATA) - 10}-"})
+    assert resumed.status_code == 206 and resumed.content == DATA[-10:]
+    assert httpx.get(url, headers={"Range": f"bytes={len(DATA)}-"}).status_code == 416
+    # Many at once, in order (a harvest's manifest, stats and every shard).
+    now = datetime.now(timezone.utc)
+    names = ["harvests/job_1/manifest.json", "harvests/job_1/shard_00000.safetensors"]
+    urls = asyncio.run(store.download_urls(names, now + timedelta(hours=1), now))
+    assert urls is not None and [urlsplit(u).path.split("/", 3)[3] for u in urls] == names
+    assert httpx.get(urls[1]).content == DATA
+
+
+def test_an_expired_or_altered_url_is_refused(store):
+    asyncio.run(store.write("f/data", DATA))
+    url = _url(store, "f/data", timedelta(seconds=1))
+    assert url is not None
+    altered = url.replace("X-Amz-Signature=", "X-Amz-Signature=0")
+    assert httpx.get(altered).status_code == 403
+    time.sleep(2.1)
+    assert httpx.get(url).status_code == 403
+    # Past its expiry the store gives no URL at all (the node answers its own, refused).
+    assert _url(store, "f/data", timedelta(seconds=-1)) is None
+
+
+def test_a_url_never_outlives_sigv4s_seven_days(store):
+    asyncio.run(store.write("f/data", DATA))
+    url = _url(store, "f/data", timedelta(days=30))
+    assert url is not None
+    assert parse_qs(urlsplit(url).query)["X-Amz-Expires"] == [str(7 * 24 * 3600)]
+    assert httpx.get(url).status_code == 200  # more than 7 days would be a 400
+
+
+def test_the_prefix_keeps_deployments_apart(seaweedfs):
+    one = S3FileStore.from_settings(seaweedfs.settings(seaweedfs.prefix("one")))
+    two = S3FileStore.from_settings(seaweedfs.settings(seaweedfs.prefix("two")))
+    asyncio.run(one.write("harvests/job_1/a", b"1"))
+    assert asyncio.run(two.size("harvests/job_1/a")) is None
+    assert asyncio.run(two.children("harvests")) == []
+
+
+@pytest.mark.parametrize(
+    ("values", "wanted"),
+    [
+        ({"s3_endpoint": "127.0.0.1:8333"}, "ENDPOINT"),
+        ({"s3_access_key_id": "only-the-id"}, "go together"),
+        ({"s3_prefix": "a/../b"}, "PREFIX"),
+    ],
+)
+def test_settings_it_cannot_use_are_refused(values, wanted):
+    with pytest.raises(SettingsError, match=wanted):
+        S3FileStore.from_settings(Settings(s3_bucket="b", **values))
+
+
+def test_open_storage_chooses_the_bucket_when_one_is_set(seaweedfs, tmp_path):
+    from vllm_acs.storage import open_storage
+    from vllm_acs.storage.files import LocalFileStore
+
+    async def files_of(settings: Settings) -> object:
+        storage = await open_storage(settings)
+        await storage.close()
+        return storage.files
+
+    assert isinstance(asyncio.run(files_of(Settings(home=tmp_path))), LocalFileStore)
+    chosen = asyncio.run(files_of(seaweedfs.settings(seaweedfs.prefix(), home=tmp_path)))
+    assert isinstance(chosen, S3FileStore)
+    with pytest.raises(SettingsError):
+        asyncio.run(files_of(Settings(home=tmp_path / "x", s3_bucket="b", s3_endpoint="ftp://")))
+    assert not (tmp_path / "x").exists()  # refused before the database was made
+
+
+def test_the_retention_sweep_on_s3(store):
+    from vllm_acs.harvest.retention import sweep_files
+
+    class _NoRows:
+        async def get(self, job_id: str, key_id: str | None = None) -> None:
+            return None
+
+    async def scenario() -> list[int]:
+        await store.write("harvests/job_orphan/manifest.json", b"{}")
+        await store.write("harvests/job_orphan/_state/stats_00001.safetensors", b"x")
+        now = datetime.now(timezone.utc)
+        counts = [await sweep_files(store, _NoRows(), now)]  # within the hour's grace
+        counts.append(await sweep_files(store, _NoRows(), now + timedelta(hours=2)))
+        assert await store.modified_at("harvests/job_orphan") is None
+        counts.append(await sweep_files(store, _NoRows(), now + timedelta(hours=3)))
+        return counts
+
+    assert asyncio.run(scenario()) == [0, 1, 0]
+
+
+def test_names_reach_the_bucket_under_the_prefix(seaweedfs, store: S3FileStore):
+    """The object's key is prefix + name: what an operator sees in the bucket."""
+    import obstore
+    from obstore.store import S3Store
+
+    asyncio.run(store.write("harvests/job_1/manifest.json", b"{}"))
+    prefix = store.store.prefix
+    bare = S3Store(
+        seaweedfs.bucket,
+        endpoint=seaweedfs.endpoint,
+        region="us-east-1",
+        access_key_id=seaweedfs.access_key_id,
+        secret_access_key=seaweedfs.secret_access_key,
+        client_options={"allow_http": True},
+    )
+
+    async def head() -> dict:
+        return await obstore.head_async(bare, f"{prefix}/harvests/job_1/manifest.json")
+
+    assert asyncio.run(head())["size"] == 2
