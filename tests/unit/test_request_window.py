@@ -446,3 +446,15 @@ def test_the_window_settles_the_hold_in_the_real_admission(tmp_path: Path):
             await storage.close()
 
     asyncio.run(main())
+
+
+def test_an_inner_app_that_ends_without_an_answer_after_the_commit_ends_the_body():
+    clock = VirtualClock()
+    client = Client(clock)
+
+    async def silent(scope: Any, receive: Any, send: Any) -> None:
+        await clock.sleep(1.3)  # e.g. Admission's queue, left by a client that went away
+
+    _call(silent, clock, client)
+    assert client.start["status"] == 200
+    assert json.loads(client.body)["error"]["code"] == "internal_error"

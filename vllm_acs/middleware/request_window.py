@@ -126,7 +126,9 @@ class _Window:
                 return
             if self.committed and not self.finished:
                 async with self.lock:
-                    if self.error_status is None and not self.answered.is_set():
+                    if self.error_status is not None:  # an error body cut short
+                        await self._body(self._error_payload(), more=False)
+                    elif not self.answered.is_set():
                         # The inner app ended without an answer: the client may be gone.
                         await self._send_error_body(InternalError())
                     else:
