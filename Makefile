@@ -18,8 +18,10 @@ lint: $(READY)
 	$(VENV)/bin/ruff format --check .
 
 # The storage tests need the machine's PostgreSQL and Redis: started here when they are down.
+# The request-window tests run a node behind nginx: installed here when the machine has none.
 services:
 	bash scripts/ensure-services.sh
+	bash scripts/ensure-nginx.sh
 
 test: $(READY) lint services
 	$(PY) -m pytest

@@ -95,6 +95,7 @@ class AcsEndpointPlugin:
         from .middleware.error_envelope import ErrorEnvelopeMiddleware
         from .middleware.request_id import RequestIdMiddleware
         from .middleware.request_metrics import RequestMetricsMiddleware
+        from .middleware.request_window import RequestWindowMiddleware
         from .middleware.route_gate import RouteGateMiddleware
         from .middleware.strict_validation import StrictValidationMiddleware
         from .middleware.usage_chunk import UsageChunkMiddleware
@@ -135,6 +136,12 @@ class AcsEndpointPlugin:
         app.add_middleware(ActivationResponseMiddleware, capture_dir=settings.capture_dir)
         app.add_middleware(DeferredMiddleware, build=self._admission)
         app.add_middleware(UsageChunkMiddleware)
+        app.add_middleware(
+            RequestWindowMiddleware,
+            window_s=settings.request_window_s,
+            keepalive_after_s=settings.keepalive_after_s,
+            keepalive_every_s=settings.keepalive_every_s,
+        )
         app.add_middleware(StrictValidationMiddleware, models=self.models, settings=settings)
         app.add_middleware(DeferredMiddleware, build=self._idempotency)
         app.add_middleware(AuthMiddleware, plugin_manager=self.plugins)

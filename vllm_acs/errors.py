@@ -180,6 +180,15 @@ class UpstreamBusy(UpstreamServerError):
     retry_after_s = 2
 
 
+class UpstreamDeadline(UpstreamError):
+    """A non-streamed request that outlived the request window (`request_window_s`): the same
+    request would time out again, so no Retry-After."""
+
+    status = 504
+    code = "upstream_deadline"
+    never_retry = True
+
+
 # Where RequestIdMiddleware keeps the request's id on `scope["state"]`: every error body carries it.
 REQUEST_ID_STATE_KEY = "acs_request_id"
 # `scope["state"]` key of the spec error code a request was answered with (for the metrics).

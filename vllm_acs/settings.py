@@ -7,6 +7,7 @@ environment variables, then the defaults below. A leaf module: it imports nothin
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -62,6 +63,14 @@ class Settings:
     max_output_work: int = 32000  # prompt_count x n x max_tokens
     default_max_tokens: int = 32000  # injected for one prompt with n = 1
     deadline_max_tokens: int = 15600  # the most a request without `stream` may ask for
+    # The request window (docs/decisions.md): a non-streamed completion that has not answered
+    # after `request_window_s` is stopped and answered `504 upstream_deadline` (0: no window);
+    # one that has not started answering after `keepalive_after_s` gets its 200 and then one
+    # whitespace byte every `keepalive_every_s` until its body comes (0: never), so a proxy's
+    # idle timeout does not cut it. Seconds; fractions allowed.
+    request_window_s: float = 840.0
+    keepalive_after_s: float = 20.0
+    keepalive_every_s: float = 10.0
     # Where workers write capture files for the API server to read (activations/store.py);
     # unset: /dev/shm/vllm-acs. Every process of one deployment on a host must agree.
     capture_dir: Path | None = None
@@ -113,6 +122,13 @@ class Settings:
     advertise_url: str | None = None
     registry_heartbeat_ms: int = 2_000
     registry_node_ttl_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.keepalive_after_s and not self.keepalive_every_s:
+            raise SettingsError(
+                f"{ENV_PREFIX}KEEPALIVE_EVERY_S must be above 0 while keepalive_after_s is set "
+                "(keepalive_after_s 0 turns the keepalive off)"
+            )
 
     @property
     def resolved_files_dir(self) -> Path:
@@ -176,6 +192,16 @@ def _coerce(name: str, spec: dataclasses.Field, value: Any) -> Any:
             raise SettingsError(f"{where} must be an integer, got {value!r}") from None
         if number < 0:
             raise SettingsError(f"{where} must not be negative, got {number}")
+        return number
+    if kind == "float":
+        if isinstance(value, bool):
+            raise SettingsError(f"{where} must be a number, got {value!r}")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{where} must be a number, got {value!r}") from None
+        if not math.isfinite(number) or number < 0:
+            raise SettingsError(f"{where} must be a finite number, not negative, got {value!r}")
         return number
     if kind.startswith("Path"):
         return Path(os.path.expanduser(str(value)))

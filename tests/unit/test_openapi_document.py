@@ -183,3 +183,19 @@ def test_loom_answer_schemas_match_the_views():
     assert set(schemas["LoomExport"]["required"]) == set(exported)
     node_schema = schemas["LoomExport"]["properties"]["nodes"]["items"]
     assert set(node_schema["required"]) == set(exported["nodes"][0])
+
+
+def test_the_completion_lists_the_request_window_answer(document: dict[str, Any]):
+    responses = document["paths"]["/v1/completions"]["post"]["responses"]
+    late = responses["504"]
+    assert "upstream_deadline" in late["description"]
+    assert set(late["headers"]) == {
+        "X-Request-Id",
+        "X-Acs-Upstream-Model",
+        "X-Acs-Upstream-Gpu",
+        "X-Acs-Upstream-Error-Kind",
+        "x-should-retry",
+    }
+    assert "Retry-After" not in late["headers"]
+    assert late["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorEnvelope")
+    assert "keepalive" in responses["200"]["description"]

@@ -25,6 +25,7 @@ from ..storage.ledger import UsageLedger
 from ..storage.usage import UsageRow
 from .admission_wait import ClientGone, wait_watching_disconnect
 from .asgi import ASGIApp, Message, Receive, Scope, Send, request_id, send_error
+from .request_window import WINDOW_ENDED_STATE_KEY
 from .response_usage import ResponseUsage
 
 logger = logging.getLogger(__name__)
@@ -168,6 +169,10 @@ class _Admission:
             raise
         finally:
             gauges.release()
+            if self.scope.get("state", {}).get(WINDOW_ENDED_STATE_KEY):
+                # Stopped at the request window: the client is answered 504 upstream_deadline
+                # (or that envelope inside a committed 200), whatever vLLM said on being stopped.
+                self.meter.status = 504
             prompt, completion = self.meter.tokens(self.validated.prompt_tokens)
             TOKENS_SETTLED.labels(kind="prompt").inc(prompt)
             TOKENS_SETTLED.labels(kind="completion").inc(completion)

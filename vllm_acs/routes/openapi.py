@@ -61,7 +61,14 @@ COMPLETION = {
 
 def _completions_operation() -> dict[str, Any]:
     upstream = ("X-Acs-Upstream-Model", "X-Acs-Upstream-Gpu")
-    ok = json_doc("A completion", "Completion", *upstream, "X-Acs-Max-Tokens-Clamped")
+    ok = json_doc(
+        "A completion. Without stream, a long request's JSON may follow keepalive whitespace "
+        "(the 200 is then committed early, and an error arrives as the error envelope in its "
+        "body: check for error)",
+        "Completion",
+        *upstream,
+        "X-Acs-Max-Tokens-Clamped",
+    )
     ok["content"]["text/event-stream"] = {
         "schema": {
             "type": "string",
@@ -103,6 +110,7 @@ def _completions_operation() -> dict[str, Any]:
                 "retry-after-ms",
                 "x-should-retry",
             ),
+            "504": error_doc(504, *upstream, "X-Acs-Upstream-Error-Kind", "x-should-retry"),
         },
     }
 

@@ -1,0 +1,286 @@
+"""The request window, through nginx with a 1 s `proxy_read_timeout`: a long non-streamed
+completion outlives the proxy on keepalive bytes; at the window it ends in `504
+upstream_deadline` (before the commit) or as that envelope in the 200's body, its engine request
+aborted and its hold settled either way; and without keepalive the proxy cuts a silent request.
+
+Two nodes, started at once (~70 s for one alone on this 2-CPU box, ~120 s for the two): one with
+the keepalive (after 0.3 s, every 0.2 s; a 15 s window) and one without (keepalive off; a 3 s
+window). Measured here (the tiny model, temperature 0, a 4-token prompt): max_tokens 500 took
+2.2 s, 1000 took 4.6 s, 2000 took 13 s with one other node's tests running beside; 1000 took
+8-10 s with both nodes of this module up and those tests. 16 choices of 2000 run far past 15 s.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.harness import MODEL_ID, ServerProcess
+from tests.nginx import Nginx, running_nginx
+
+pytestmark = pytest.mark.e2e
+
+PROXY_READ_TIMEOUT_S = 1.0
+KEEPALIVE_WINDOW_S = 15.0
+SILENT_WINDOW_S = 3.0
+# Past the proxy's timeout, well inside the 15 s window (2-3 s alone here, ~7 s loaded).
+LONG = {"model": MODEL_ID, "prompt": "The sky is", "temperature": 0, "max_tokens": 700}
+# Far past every window here (vLLM takes n > 1 only when sampling).
+PAST_ANY_WINDOW = {**LONG, "temperature": 1.0, "max_tokens": 2000, "n": 16}
+
+
+def _start_together(servers: list[ServerProcess]) -> None:
+    errors: list[BaseException] = []
+
+    def start(server: ServerProcess) -> None:
+        try:
+            server.start()
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in servers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        for server in servers:
+            server.stop()
+        raise errors[0]
+
+
+@pytest.fixture(scope="module")
+def nodes(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, ServerProcess]]:
+    root = tmp_path_factory.mktemp("request-window")
+    settings = {
+        "keepalive": {
+            "VLLM_ACS_REQUEST_WINDOW_S": str(KEEPALIVE_WINDOW_S),
+            "VLLM_ACS_KEEPALIVE_AFTER_S": "0.3",
+            "VLLM_ACS_KEEPALIVE_EVERY_S": "0.2",
+        },
+        "silent": {
+            "VLLM_ACS_REQUEST_WINDOW_S": str(SILENT_WINDOW_S),
+            "VLLM_ACS_KEEPALIVE_AFTER_S": "0",
+        },
+    }
+    servers = {}
+    for name, env in settings.items():
+        home = root / name
+        home.mkdir()
+        servers[name] = ServerProcess(
+            model_dir=tiny_model_dir,
+            log_path=home / "server.log",
+            env={"VLLM_ACS_HOME": str(home), **env},
+        )
+    _start_together(list(servers.values()))
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def keys(nodes: dict[str, ServerProcess]) -> dict[str, str]:
+    """One key per node with a single running slot: a hold that did not settle blocks the next."""
+    return {name: node.create_key("window", "--max-running", "1") for name, node in nodes.items()}
+
+
+@pytest.fixture(scope="module")
+def proxies(nodes: dict[str, ServerProcess], tmp_path_factory) -> Iterator[dict[str, Nginx]]:
+    root = tmp_path_factory.mktemp("nginx")
+    with (
+        running_nginx(nodes["keepalive"].base_url, root / "keepalive", PROXY_READ_TIMEOUT_S) as a,
+        running_nginx(nodes["silent"].base_url, root / "silent", PROXY_READ_TIMEOUT_S) as b,
+    ):
+        yield {"keepalive": a, "silent": b}
+
+
+def _headers(key: str, request_id: str, **extra: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", "X-Request-Id": request_id, **extra}
+
+
+def _usage_rows(node: ServerProcess, request_id: str) -> list[tuple[int, int, int]]:
+    """(status, prompt_tokens, completion_tokens) of the request's usage rows, once written."""
+    database = node.env["VLLM_ACS_HOME"] + "/vllm-acs.sqlite3"
+    deadline = time.monotonic() + 15
+    while True:
+        with sqlite3.connect(database) as conn:
+            rows = conn.execute(
+                "SELECT status, prompt_tokens, completion_tokens FROM usage_rows "
+                "WHERE request_id = ?",
+                (request_id,),
+            ).fetchall()
+        if rows or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
+
+
+def _assert_settled(node: ServerProcess, key: str, request_id: str, status: int | tuple) -> None:
+    """The stopped request gave its slot back (the key has one) and left its usage row."""
+    node.wait_for_metric("acs_running_requests", 0)
+    started = time.monotonic()
+    follow = httpx.post(
+        f"{node.base_url}/v1/completions",
+        json={"model": MODEL_ID, "prompt": "hi", "max_tokens": 1},
+        headers=_headers(key, f"follow-{uuid.uuid4().hex[:8]}"),
+        timeout=10,
+        trust_env=False,
+    )
+    assert follow.status_code == 200, follow.text
+    assert time.monotonic() - started < 5  # admitted at once: the slot was free
+    rows = _usage_rows(node, request_id)
+    assert len(rows) == 1, rows
+    expected = status if isinstance(status, tuple) else (status,)
+    assert rows[0][0] in expected, rows
+
+
+def _deadline_answers(node: ServerProcess) -> float:
+    """How many answers the node counted with code upstream_deadline (acs_requests_total)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{node.base_url}/metrics", timeout=30, trust_env=False).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "acs_requests_total" and sample.labels.get("code") == "upstream_deadline"
+    )
+
+
+def test_a_quick_answer_passes_untouched(proxies, keys):
+    response = httpx.post(
+        f"{proxies['keepalive'].base_url}/v1/completions",
+        json={**LONG, "max_tokens": 5},
+        headers=_headers(keys["keepalive"], "quick-1"),
+        timeout=30,
+        trust_env=False,
+    )
+    assert response.status_code == 200
+    assert response.content.startswith(b"{") and "content-length" in response.headers
+    assert response.json()["usage"]["completion_tokens"] == 5
+
+
+def test_a_long_answer_outlives_the_proxy_timeout_on_keepalive_bytes(proxies, keys):
+    started, arrivals, chunks = time.monotonic(), [], []
+    with httpx.stream(
+        "POST",
+        f"{proxies['keepalive'].base_url}/v1/completions",
+        json=LONG,
+        headers=_headers(keys["keepalive"], "long-1", **{"Accept-Encoding": "gzip"}),
+        timeout=60,
+        trust_env=False,
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-encoding"] == "gzip"
+        assert response.headers["x-acs-upstream-model"] == "vllm-acs/tiny-llama"
+        for chunk in response.iter_bytes():  # decoded as it arrives
+            arrivals.append(time.monotonic() - started)
+            chunks.append(chunk)
+    elapsed = time.monotonic() - started
+    assert elapsed > PROXY_READ_TIMEOUT_S + 0.3, f"took {elapsed:.1f} s: too short to show it"
+    assert arrivals[0] < PROXY_READ_TIMEOUT_S  # the first keepalive byte beat the proxy
+    body = b"".join(chunks)
+    assert body[:1].isspace() and body.lstrip().startswith(b"{")
+    answer = httpx.Response(200, content=body).json()
+    assert answer["usage"]["completion_tokens"] == LONG["max_tokens"]
+    assert answer["usage"]["prompt_tokens"] == 4
+    assert len(answer["choices"]) == 1
+
+
+def test_the_openai_sdk_reads_a_keepalive_answer_through_the_proxy(proxies, keys):
+    from openai import OpenAI
+
+    client = OpenAI(
+        base_url=f"{proxies['keepalive'].base_url}/v1", api_key=keys["keepalive"], max_retries=0
+    )
+    completion = client.completions.create(**LONG)
+    assert completion.usage.completion_tokens == LONG["max_tokens"]
+    assert completion.choices[0].finish_reason == "length"
+
+
+def test_the_window_after_the_commit_ends_the_200_with_the_504_envelope(nodes, proxies, keys):
+    started = time.monotonic()
+    response = httpx.post(
+        f"{proxies['keepalive'].base_url}/v1/completions",
+        json=PAST_ANY_WINDOW,
+        headers=_headers(keys["keepalive"], "late-504"),
+        timeout=60,
+        trust_env=False,
+    )
+    elapsed = time.monotonic() - started
+    assert response.status_code == 200  # committed by the keepalive bytes
+    assert response.content[:1].isspace()
+    answer = response.json()
+    assert answer["error"]["code"] == "upstream_deadline", answer
+    assert answer["error"]["type"] == "upstream_error"
+    assert answer["request_id"] == "late-504"
+    assert KEEPALIVE_WINDOW_S <= elapsed < KEEPALIVE_WINDOW_S + 8, elapsed
+    _assert_settled(nodes["keepalive"], keys["keepalive"], "late-504", 504)
+
+
+def test_the_window_before_any_keepalive_is_a_504_that_no_one_retries(nodes, keys):
+    node, key = nodes["silent"], keys["silent"]
+    started = time.monotonic()
+    response = httpx.post(
+        f"{node.base_url}/v1/completions",
+        json=PAST_ANY_WINDOW,
+        headers=_headers(key, "early-504"),
+        timeout=60,
+        trust_env=False,
+    )
+    elapsed = time.monotonic() - started
+    assert response.status_code == 504, response.text
+    assert response.headers["x-should-retry"] == "false"
+    assert "retry-after" not in response.headers and "retry-after-ms" not in response.headers
+    assert response.headers["x-acs-upstream-error-kind"] == "upstream_deadline"
+    assert response.headers["x-request-id"] == "early-504"
+    answer = response.json()
+    assert (answer["error"]["code"], answer["error"]["type"]) == (
+        "upstream_deadline",
+        "upstream_error",
+    )
+    assert "max_tokens" in answer["error"]["message"]
+    assert SILENT_WINDOW_S <= elapsed < SILENT_WINDOW_S + 8, elapsed
+    _assert_settled(node, key, "early-504", 504)
+
+    # The openai SDK honours x-should-retry: false: one request, though it may retry twice.
+    from openai import APIStatusError, OpenAI
+
+    before = _deadline_answers(node)
+    client = OpenAI(base_url=f"{node.base_url}/v1", api_key=key, max_retries=2)
+    with pytest.raises(APIStatusError) as raised:
+        client.completions.create(**PAST_ANY_WINDOW)
+    assert (raised.value.status_code, raised.value.code) == (504, "upstream_deadline")
+    deadline = time.monotonic() + 5
+    while _deadline_answers(node) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _deadline_answers(node) == before + 1
+
+
+def test_without_keepalive_the_proxy_cuts_a_silent_request(nodes, proxies, keys):
+    node, key = nodes["silent"], keys["silent"]
+    started = time.monotonic()
+    response = httpx.post(
+        f"{proxies['silent'].base_url}/v1/completions",
+        json=PAST_ANY_WINDOW,
+        headers=_headers(key, "cut-1"),
+        timeout=60,
+        trust_env=False,
+    )
+    elapsed = time.monotonic() - started
+    # nginx's own 504 at its read timeout, before the node's window: not the envelope.
+    assert response.status_code == 504
+    assert "nginx" in response.text and "upstream_deadline" not in response.text
+    assert PROXY_READ_TIMEOUT_S <= elapsed < SILENT_WINDOW_S, elapsed
+    # The node saw the proxy leave as a client disconnect: aborted, its hold settled.
+    _assert_settled(node, key, "cut-1", (200, 499))

@@ -1,0 +1,144 @@
+"""nginx as a reverse proxy in front of a node, for e2e tests: its own config, logs and port.
+
+No daemon and no system service: `nginx -p DIR -c DIR/nginx.conf -g 'daemon off;'` runs in the
+foreground in its own process group and is stopped at the end. Debian's nginx is installed by
+`scripts/ensure-nginx.sh` (`make services` runs it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.harness import free_port
+
+STARTUP_TIMEOUT_S = 10.0
+
+CONFIG = """\
+worker_processes 1;
+error_log {dir}/error.log info;
+pid {dir}/nginx.pid;
+events {{ worker_connections 256; }}
+http {{
+    access_log {dir}/access.log;
+    client_body_temp_path {dir}/client_body;
+    proxy_temp_path {dir}/proxy;
+    server {{
+        listen 127.0.0.1:{port};
+        client_max_body_size 64m;
+        location / {{
+            proxy_pass {upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout {read_timeout_ms}ms;
+        }}
+    }}
+}}
+"""
+
+
+def nginx_binary() -> str:
+    found = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else ""
+    )
+    if not found:
+        raise RuntimeError("nginx is not installed: run scripts/ensure-nginx.sh (make services)")
+    return found
+
+
+@dataclass
+class Nginx:
+    """nginx proxying `upstream` (a node's base URL) with a given `proxy_read_timeout`."""
+
+    upstream: str
+    directory: Path
+    read_timeout_s: float = 60.0
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / "nginx.conf"
+
+    def start(self) -> Nginx:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(
+            CONFIG.format(
+                dir=self.directory,
+                port=self.port,
+                upstream=self.upstream,
+                read_timeout_ms=int(self.read_timeout_s * 1000),
+            )
+        )
+        command = [
+            nginx_binary(),
+            "-p",
+            str(self.directory),
+            "-c",
+            str(self.config_path),
+            "-g",
+            "daemon off;",
+        ]
+        self._log = open(self.directory / "nginx.out", "wb")  # noqa: SIM115  # closed in stop()
+        self.process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"nginx exited with {self.process.returncode}:\n{self.log()}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 1),
+            ):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"nginx did not listen on {self.port}:\n{self.log()}")
+
+    def log(self) -> str:
+        parts = []
+        for name in ("nginx.out", "error.log"):
+            path = self.directory / name
+            if path.exists():
+                parts.append(path.read_text(errors="replace")[-4000:])
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        """SIGQUIT (nginx's graceful stop) to its group, SIGKILL after a few seconds."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGQUIT)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=5)
+        self._log.close()
+        self.process = None
+
+
+@contextlib.contextmanager
+def running_nginx(upstream: str, directory: Path, read_timeout_s: float) -> Iterator[Nginx]:
+    """A started nginx in front of `upstream`, stopped at the end however it ends."""
+    proxy = Nginx(upstream=upstream, directory=directory, read_timeout_s=read_timeout_s).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
