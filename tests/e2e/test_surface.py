@@ -38,6 +38,16 @@ PUBLIC = {
     "/v1/completion-jobs/x/result": {"GET", "HEAD"},
     "/v1/harvest": {"POST"},
     "/v1/harvest/x": {"GET", "HEAD", "DELETE"},
+    "/v1/looms": {"POST", "GET", "HEAD"},
+    "/v1/looms/import": {"POST"},
+    "/v1/looms/x": {"GET", "HEAD", "PATCH", "DELETE"},
+    "/v1/looms/x/export": {"GET", "HEAD"},
+    "/v1/looms/x/nodes/x": {"GET", "HEAD", "PATCH", "DELETE"},
+    "/v1/looms/x/nodes/x/text": {"GET", "HEAD"},
+    **{
+        f"/v1/looms/x/nodes/x/{action}": {"POST"}
+        for action in ("branch", "split", "children", "siblings", "replay", "score")
+    },
     "/downloads/x/x": {"GET", "HEAD"},
     "/health": {"GET", "HEAD"},
     "/openapi.json": {"GET", "HEAD"},
