@@ -29,6 +29,8 @@ pytestmark = pytest.mark.e2e
 OTHER_ID = "tiny-other"
 OTHER_CHECKPOINT = "vllm-acs/tiny-other"
 HEARTBEAT_MS = 500
+# A key per node's URL for the reads of /v1/models.
+KEYS: dict[str, str] = {}
 TTL_MS = 3000
 
 
@@ -68,22 +70,30 @@ def _wait(condition, what: str, timeout_s: float = 30.0) -> Any:
     return value
 
 
+def _models(node: ServerProcess) -> list[dict]:
+    """GET /v1/models (it needs a key, of any account)."""
+    key = KEYS.get(node.base_url) or KEYS.setdefault(node.base_url, node.create_key("models"))
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.get(f"{node.base_url}/v1/models", headers=headers, timeout=10).json()["data"]
+
+
 def _ids(node: ServerProcess) -> list[str]:
-    return [m["id"] for m in httpx.get(f"{node.base_url}/v1/models", timeout=10).json()["data"]]
+    return [m["id"] for m in _models(node)]
 
 
 def test_every_node_lists_every_live_model(deployment):
     nodes, _ = deployment
     for node in nodes:
         _wait(lambda node=node: set(_ids(node)) == {MODEL_ID, OTHER_ID}, "both models listed")
-    mine, theirs = (httpx.get(f"{nodes[0].base_url}/v1/models").json()["data"][i] for i in (0, 1))
+    mine, theirs = _models(nodes[0])
     assert (mine["id"], mine["default"]) == (MODEL_ID, True)
     assert (theirs["id"], theirs["default"], theirs["served_model_name"]) == (
         OTHER_ID,
         False,
         OTHER_CHECKPOINT,
     )
-    card = httpx.get(f"{nodes[0].base_url}/v1/models/{OTHER_ID}")
+    auth = {"Authorization": f"Bearer {KEYS[nodes[0].base_url]}"}
+    card = httpx.get(f"{nodes[0].base_url}/v1/models/{OTHER_ID}", headers=auth)
     assert card.status_code == 200 and card.json()["capabilities"]["max_model_len"] == 2048
 
 
@@ -120,7 +130,7 @@ def test_another_nodes_model_is_answered_by_forwarding_once(deployment):
             lambda: _query(database_url, "SELECT model FROM usage_rows WHERE request_id = $1", rid),
             "the usage row of the forwarded request",
         )
-        assert [row["model"] for row in usage] == [OTHER_CHECKPOINT]
+        assert [row["model"] for row in usage] == [OTHER_ID]
         # A model nobody serves is still this node's 400.
         missing = client.post("/v1/completions", json={**body, "model": "nobody"})
         assert (missing.status_code, missing.json()["error"]["code"]) == (400, "model_not_found")

@@ -16,6 +16,8 @@ from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from ..metrics import LEASES_LOST
 from ..principal import Principal
@@ -52,8 +54,14 @@ class RedisCounters(Counters):
     def from_url(
         cls, url: str, read_settled: SettledReader, *, prefix: str, lease_ms: int
     ) -> RedisCounters:
-        # Timeouts: a Redis that does not answer is an outage (503), not a request that hangs.
-        redis = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+        # Bounded waits: a Redis that does not answer is an outage (503), not a request that
+        # hangs. redis-py's own default retries a dropped connection with backoffs of 1, 2, 4 s.
+        redis = Redis.from_url(
+            url,
+            socket_connect_timeout=2,
+            socket_timeout=5,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2),
+        )
         return cls(redis, read_settled, prefix=prefix, lease_ms=lease_ms)
 
     def _k(self, *parts: str) -> str:
