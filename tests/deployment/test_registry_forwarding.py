@@ -1,6 +1,7 @@
 """Two nodes of two models behind one database: each lists both models, answers the other's by
 forwarding (non-streamed, streamed, with capture; admitted and charged once, on the node that
-serves it), and stops listing a node that died.
+serves it), and when the serving node is killed mid-stream: the stream ends with an error frame,
+its model is not found at once and leaves the list, and its slot and Hold expire with the lease.
 
 Real nodes on PostgreSQL and Redis (tests/e2e/shared_nodes.py), a short heartbeat so that the
 registry's changes show within seconds.
@@ -9,6 +10,7 @@ registry's changes show within seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -32,6 +34,8 @@ HEARTBEAT_MS = 500
 # A key per node's URL for the reads of /v1/models.
 KEYS: dict[str, str] = {}
 TTL_MS = 3000
+# The Redis lease of a slot and a Hold: a dead node's expire this long after it died.
+LEASE_MS = 4000
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +44,7 @@ def deployment(tiny_model_dir, tmp_path_factory) -> Iterator[tuple[list[ServerPr
     env = {
         "VLLM_ACS_REGISTRY_HEARTBEAT_MS": str(HEARTBEAT_MS),
         "VLLM_ACS_REGISTRY_NODE_TTL_MS": str(TTL_MS),
+        "VLLM_ACS_LEASE_MS": str(LEASE_MS),
     }
     per_node = [
         ({}, []),
@@ -137,19 +142,42 @@ def test_another_nodes_model_is_answered_by_forwarding_once(deployment):
     assert node_a.metric("acs_forwarded_requests_total") >= 3
 
 
-def test_a_dead_node_leaves_the_list_and_its_model_is_not_found(deployment):
+def test_a_node_killed_mid_stream_cuts_the_stream_leaks_no_slot_and_leaves_the_list(deployment):
     (node_a, node_b), _ = deployment
-    key = node_a.create_key("deployment-dead")
+    key = node_a.create_key("deployment-dead", "--max-running", "1", "--max-waiting", "0")
     auth = {"Authorization": f"Bearer {key}"}
     _wait(lambda: OTHER_ID in _ids(node_a), "the other model listed")
+    body = {"model": OTHER_ID, "prompt": "Once", "max_tokens": 2000, "stream": True}
     pgid = node_b.process.pid
-    os.killpg(pgid, signal.SIGKILL)
+    with httpx.Client(base_url=node_a.base_url, headers=auth, timeout=120) as client:
+        with client.stream("POST", "/v1/completions", json=body) as stream:
+            lines = stream.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert '"choices"' in first  # B is generating, through A
+            os.killpg(pgid, signal.SIGKILL)
+            rest = []
+            with contextlib.suppress(httpx.HTTPError):  # or the connection is cut
+                rest = list(lines)
+        # The stream ended without its [DONE]: an error frame (or a cut connection).
+        assert "data: [DONE]" not in rest
+        assert any('"error"' in line for line in rest) or not rest
     _wait(lambda: not group_members(pgid), "the killed node's processes gone", 15)
     # At once (the connection fails: that node is ejected, not waited for).
     started = time.monotonic()
-    body = {"model": OTHER_ID, "prompt": "x", "max_tokens": 1}
-    refused = httpx.post(f"{node_a.base_url}/v1/completions", json=body, headers=auth)
+    one = {"model": OTHER_ID, "prompt": "x", "max_tokens": 1}
+    refused = httpx.post(f"{node_a.base_url}/v1/completions", json=one, headers=auth)
     assert (refused.status_code, refused.json()["error"]["code"]) == (400, "model_not_found")
     assert time.monotonic() - started < TTL_MS / 1000
-    # And it leaves the list once its heartbeat is older than the TTL.
+    # It leaves the list once its heartbeat is older than the TTL.
     _wait(lambda: _ids(node_a) == [MODEL_ID], "the dead node's model left the list", 15)
+    # The dead node's slot of this key (max_running 1) and its Hold expire with their lease:
+    # the key runs again on the live node, nothing leaked.
+    own = {"model": MODEL_ID, "prompt": "x", "max_tokens": 1}
+    _wait(
+        lambda: (
+            httpx.post(f"{node_a.base_url}/v1/completions", json=own, headers=auth).status_code
+            == 200
+        ),
+        "the key's slot is free again after the dead node's lease",
+        LEASE_MS / 1000 + 20,
+    )
