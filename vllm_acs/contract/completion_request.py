@@ -7,7 +7,7 @@ Checks that need the model or the tokenizer live in `completion_rules.py`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
@@ -99,14 +99,22 @@ class CompletionRequest(BaseModel):
         return value
 
 
-def parse_completion_request(data: Any) -> CompletionRequest:
-    """The validated request, or `InvalidRequest` naming the first offending field."""
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def parse_body(model: type[Body], data: Any) -> Body:
+    """A strict body (completions, harvests, Looms) validated, or `InvalidRequest` naming the
+    first offending field."""
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     try:
-        return CompletionRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise invalid_request_from(exc) from None
+
+
+def parse_completion_request(data: Any) -> CompletionRequest:
+    return parse_body(CompletionRequest, data)
 
 
 def _field_path(loc: tuple[Any, ...], *, client_key_last: bool = False) -> str:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import InvalidRequest
-from .completion_request import invalid_request_from
+from .completion_request import parse_body
 
 MAX_HARVEST_PROMPTS = 4096
 MAX_HARVEST_TOKENS = 2_000_000
@@ -45,10 +44,4 @@ class HarvestBody(BaseModel):
 
 
 def parse_harvest_body(data: Any) -> HarvestBody:
-    """The validated body, or InvalidRequest naming the first offending field."""
-    if not isinstance(data, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    try:
-        return HarvestBody.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_request_from(exc) from None
+    return parse_body(HarvestBody, data)

@@ -8,14 +8,12 @@ completion it makes of them like any other (context length, logprobs cap, output
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..errors import InvalidRequest
-from .completion_request import CompletionRequest, invalid_request_from
+from .completion_request import CompletionRequest
 
-Body = TypeVar("Body", bound=BaseModel)
 TITLE_MAX_CHARS = 200
 
 # What a branch may set: a completion's sampling, without prompt (the path's text) or capture.
@@ -85,13 +83,3 @@ class NodeScoreBody(BaseModel):
 
     model: str | None = Field(None, description="Short id from GET /v1/models; default if omitted")
     logprobs: int = Field(0, ge=0, le=100, description="Alternatives kept per token")
-
-
-def parse_body(model: type[Body], data: Any) -> Body:
-    """The validated body, or InvalidRequest naming the first offending field."""
-    if not isinstance(data, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_request_from(exc) from None

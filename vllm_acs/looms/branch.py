@@ -207,15 +207,15 @@ class _BranchRun:
         self.kind.progress.publish(self.job.id, {"type": "done", "status": 201, "body": body})
         return JobOutcome(JobStatus.SUCCEEDED, 201, body)
 
-    async def _failed(self, error: dict[str, Any]) -> JobOutcome:
+    async def _fail_children(self, error: Any) -> None:
         now = self.kind.clock()
-        await self.kind.looms.change(
-            self.loom_id,
-            None,
-            now,
-            fail_children(self.job.id, error, self.stream, now),
-            max_nodes=self.kind.settings.loom_max_nodes,
-        )
+        plan = fail_children(self.job.id, error, self.stream, now)
+        max_nodes = self.kind.settings.loom_max_nodes
+        await self.kind.looms.change(self.loom_id, None, now, plan, max_nodes=max_nodes)
+
+    async def _failed(self, error: dict[str, Any]) -> JobOutcome:
+        """The stream itself failed (an error frame): the children fail with that error."""
+        await self._fail_children(error)
         status = 500
         body = json.dumps(error)
         await self._answer(status, body)
@@ -228,14 +228,7 @@ class _BranchRun:
         """The pipeline refused the branch: no Node was made (a re-run's children fail)."""
         error = _loads(body)
         if self.children:
-            now = self.kind.clock()
-            await self.kind.looms.change(
-                self.loom_id,
-                None,
-                now,
-                fail_children(self.job.id, error, self.stream, now),
-                max_nodes=self.kind.settings.loom_max_nodes,
-            )
+            await self._fail_children(error)
         target = idempotency_target(self.request)
         if target is not None:
             if 400 <= status < 500 and not self.children:
@@ -251,10 +244,7 @@ class _BranchRun:
         """A bug ended the run: its children fail rather than stay `generating`."""
         error = error_body(InternalError(), self.job.id)
         try:
-            now = self.kind.clock()
-            plan = fail_children(self.job.id, error, self.stream, now)
-            max_nodes = self.kind.settings.loom_max_nodes
-            await self.kind.looms.change(self.loom_id, None, now, plan, max_nodes=max_nodes)
+            await self._fail_children(error)
         except Exception:
             logger.exception("branch %s: marking its children failed", self.job.id)
         self.kind.progress.publish(

@@ -20,11 +20,11 @@ from ...errors import (
     JobCapacity,
     JobNotCancellable,
     JobNotFound,
-    TrafficLimited,
 )
 from ...jobs.completion import KIND, job_request
 from ...jobs.runner import JobRunner
 from ...principal import Principal
+from ...refusals import refusal
 from ...served_model import NodeModels
 from ...settings import Settings
 from ...states import JobStatus
@@ -69,11 +69,7 @@ class JobService:
         try:
             await self._storage.counters.take_start(principal)
         except StartsExhausted as error:
-            raise TrafficLimited(
-                "This API key started too many requests in the last minute.",
-                code="rate_limited",
-                retry_after_ms=error.retry_after_ms,
-            ) from None
+            raise refusal(error) from None
         job = NewJob(
             kind=KIND,
             key_id=principal.key_id,

@@ -18,9 +18,9 @@ from datetime import datetime
 from typing import Any
 
 from ...contract.body_validation import validate_body
-from ...contract.completion_request import SEED_MAX
-from ...contract.loom_requests import LoomBranchBody, NodeScoreBody, parse_body
-from ...errors import AcsError, LoomNodeConflict, LoomNodeLimit, TrafficLimited
+from ...contract.completion_request import SEED_MAX, parse_body
+from ...contract.loom_requests import BRANCH_FIELDS, LoomBranchBody, NodeScoreBody
+from ...errors import AcsError, LoomNodeConflict, LoomNodeLimit, UnknownModel
 from ...jobs.completion import principal_to_json
 from ...jobs.replay import ASGIApp, ReplayAnswer, replay_completion
 from ...jobs.runner import JobRunner
@@ -30,6 +30,7 @@ from ...looms.progress import BranchProgress, Event
 from ...looms.scores import path_token_ids, score_plan
 from ...looms.tree import node_of, path_text, require_ready
 from ...principal import Principal
+from ...refusals import refusal
 from ...served_model import NodeModels
 from ...settings import Settings
 from ...storage import Storage
@@ -39,19 +40,9 @@ from ...storage.jobs import NewJob, new_job_id
 from ..answers import Answer
 from .service import LoomService, json_of
 
-# The parameters a Node records of its generation (with `max_tokens` as admitted).
-RECORDED = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logprobs",
-    "stop",
-)
+# The parameters a Node records of its generation (with `max_tokens` as admitted); its model,
+# n and seed are recorded beside them.
+RECORDED = tuple(f for f in BRANCH_FIELDS if f not in ("model", "n", "seed", "stream"))
 _RETRY_HEADERS = (b"retry-after", b"retry-after-ms", b"x-should-retry")
 
 
@@ -98,11 +89,7 @@ class GenerationService:
         try:
             await storage.counters.take_start(principal)
         except StartsExhausted as error:
-            raise TrafficLimited(
-                "This API key started too many requests in the last minute.",
-                code="rate_limited",
-                retry_after_ms=error.retry_after_ms,
-            ) from None
+            raise refusal(error) from None
 
     async def branch(
         self,
@@ -218,20 +205,22 @@ class GenerationService:
         asked = parse_body(NodeScoreBody, json_of(raw))
         tree = await self.looms.tree(loom_id, principal)
         model = self.models.get(asked.model) if asked.model else self.models.default()
-        model_id = asked.model if model is None else model.id
-        tokenize = self.models.tokenizer(model.id) if model is not None else None
-        spans = path_token_ids(tree, node_id, tokenize) if tokenize is not None else []
+        if model is None:  # another node's model is forwarded there before it gets here
+            raise UnknownModel(
+                f"The model '{asked.model}' is not served: use a short id from GET /v1/models.",
+                param="model",
+            )
+        spans = path_token_ids(tree, node_id, self.models.tokenizer(model.id))
         ids = [token for span in spans for token in span.token_ids]
         body = {
-            "model": model_id,
-            "prompt": ids or [0],
+            "model": model.id,
+            "prompt": ids,
             "max_tokens": 1,
             "temperature": 0,
             "prompt_logprobs": asked.logprobs,
         }
         answer = await self._complete(body, principal)
         prompt_logprobs = answer.json()["choices"][0].get("prompt_logprobs") or []
-        assert model is not None  # the completion above refused an unknown model
         plan = score_plan(spans, prompt_logprobs, model.id, model.checkpoint, self.clock())
         _, scored = await self.looms.change_tree(loom_id, principal, plan)
         return {

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from ...contract.completion_request import parse_body
 from ...contract.loom_requests import (
     LoomCreateBody,
     LoomPatchBody,
     NodePatchBody,
     NodeSplitBody,
     NodeTextBody,
-    parse_body,
 )
 from ...errors import BadJson, InvalidRequest, LoomCapacity, LoomNodeLimit, LoomNotFound
 from ...looms import operations
