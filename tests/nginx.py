@@ -1,4 +1,5 @@
-"""nginx as a reverse proxy in front of a node, for e2e tests: its own config, logs and port.
+"""nginx as a reverse proxy in front of a node (or several), for e2e tests and benchmarks: its own
+config, logs and port.
 
 No daemon and no system service: `nginx -p DIR -c DIR/nginx.conf -g 'daemon off;'` runs in the
 foreground in its own process group and is stopped at the end. Debian's nginx is installed by
@@ -14,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,11 +32,11 @@ http {{
     access_log {dir}/access.log;
     client_body_temp_path {dir}/client_body;
     proxy_temp_path {dir}/proxy;
-    server {{
+{upstream_block}    server {{
         listen 127.0.0.1:{port};
         client_max_body_size 64m;
         location / {{
-            proxy_pass {upstream};
+            proxy_pass {proxy_pass};
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_buffering off;
@@ -44,6 +45,26 @@ http {{
     }}
 }}
 """
+
+# Several nodes: nginx's round-robin over them, as examples/deployment/nginx.conf (a node that
+# fails a connection is skipped for 5 s; idle connections to the nodes are kept for reuse).
+UPSTREAM_NAME = "acs_nodes"
+UPSTREAM = """\
+    upstream {name} {{
+{servers}        keepalive 16;
+    }}
+"""
+
+
+def _host_port(base_url: str) -> str:
+    """`http://127.0.0.1:8001` (a trailing slash or none) -> `127.0.0.1:8001`."""
+    scheme, sep, rest = base_url.partition("://")
+    if not sep or scheme != "http":
+        raise ValueError(f"an upstream must be an http:// base URL, not {base_url!r}")
+    host_port = rest.rstrip("/")
+    if not host_port or "/" in host_port:
+        raise ValueError(f"an upstream in a list must be a base URL with no path: {base_url!r}")
+    return host_port
 
 
 def nginx_binary() -> str:
@@ -57,9 +78,10 @@ def nginx_binary() -> str:
 
 @dataclass
 class Nginx:
-    """nginx proxying `upstream` (a node's base URL) with a given `proxy_read_timeout`."""
+    """nginx proxying `upstream` with a given `proxy_read_timeout`: one node's base URL (proxied
+    to as it is), or a list of nodes' base URLs (an `upstream` block, round-robin)."""
 
-    upstream: str
+    upstream: str | Sequence[str]
     directory: Path
     read_timeout_s: float = 60.0
     port: int = field(default_factory=free_port)
@@ -73,16 +95,30 @@ class Nginx:
     def config_path(self) -> Path:
         return self.directory / "nginx.conf"
 
+    def config(self) -> str:
+        """The text of nginx.conf."""
+        if isinstance(self.upstream, str):
+            upstream_block, proxy_pass = "", self.upstream
+        else:
+            if not self.upstream:
+                raise ValueError("nginx needs at least one upstream")
+            servers = "".join(
+                f"        server {_host_port(url)} max_fails=1 fail_timeout=5s;\n"
+                for url in self.upstream
+            )
+            upstream_block = UPSTREAM.format(name=UPSTREAM_NAME, servers=servers)
+            proxy_pass = f"http://{UPSTREAM_NAME}"
+        return CONFIG.format(
+            dir=self.directory,
+            port=self.port,
+            upstream_block=upstream_block,
+            proxy_pass=proxy_pass,
+            read_timeout_ms=int(self.read_timeout_s * 1000),
+        )
+
     def start(self) -> Nginx:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(
-            CONFIG.format(
-                dir=self.directory,
-                port=self.port,
-                upstream=self.upstream,
-                read_timeout_ms=int(self.read_timeout_s * 1000),
-            )
-        )
+        self.config_path.write_text(self.config())
         command = [
             nginx_binary(),
             "-p",
@@ -135,8 +171,11 @@ class Nginx:
 
 
 @contextlib.contextmanager
-def running_nginx(upstream: str, directory: Path, read_timeout_s: float) -> Iterator[Nginx]:
-    """A started nginx in front of `upstream`, stopped at the end however it ends."""
+def running_nginx(
+    upstream: str | Sequence[str], directory: Path, read_timeout_s: float
+) -> Iterator[Nginx]:
+    """A started nginx in front of `upstream` (one URL or a list), stopped at the end however it
+    ends."""
     proxy = Nginx(upstream=upstream, directory=directory, read_timeout_s=read_timeout_s).start()
     try:
         yield proxy
