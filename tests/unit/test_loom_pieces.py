@@ -41,11 +41,20 @@ def test_a_stream_read_in_pieces_gathers_each_choice():
 def test_token_offsets_come_from_the_text_each_chunk_added():
     stream = CompletionStream(1)
     logprobs = {"tokens": ["", "é"], "token_logprobs": [-1.0, -2.0], "top_logprobs": [{}, {}]}
+    halves = {"tokens": ["", ""], "token_logprobs": [-1.0, -2.0], "top_logprobs": [{}, {}]}
     one = {"tokens": ["a"], "token_logprobs": [-0.5], "top_logprobs": [{"a": -0.5, "b": -1.5}]}
     stream.feed(_frame(0, "a", [3], logprobs=one))
     stream.feed(_frame(0, "é", [8, 9], logprobs=logprobs))
     tokens = stream.choices[0].tokens
-    assert [t["offset"] for t in tokens] == [0, 1, None]
+    assert [t["offset"] for t in tokens] == [0, 1, 1]  # "" and "é" make up "é"
+    # Two halves of one character: where the second starts is not known.
+    stream.feed(_frame(0, "ü", [10, 11], logprobs=halves))
+    assert [t["offset"] for t in stream.choices[0].tokens][3:] == [2, None]
+    # Two tokens in one chunk whose texts make up its text: both places are known.
+    merged = CompletionStream(1)
+    both = {"tokens": ["ab", "c"], "token_logprobs": [-1.0, -1.0], "top_logprobs": [{}, {}]}
+    merged.feed(_frame(0, "abc", [1, 2], logprobs=both))
+    assert [t["offset"] for t in merged.choices[0].tokens] == [0, 2]
     assert tokens[0]["top_logprobs"] == [
         {"text": "a", "logprob": -0.5},
         {"text": "b", "logprob": -1.5},

@@ -3,8 +3,9 @@
 Pure (API server process): the branch job feeds it the body chunks as the replay sends them.
 Each choice gathers its text, token ids (vLLM's `return_token_ids`), per-token logprobs with
 their alternatives, the prompt's token ids and its finish_reason. An error frame is kept. A
-token's `offset` is where its text starts in the continuation, known for the first token of each
-chunk (vLLM streams one token per step; a later token of a chunk has `offset` None).
+token's `offset` is where its text starts in the continuation: the first token of a chunk starts
+where the chunk's text does; the others of a chunk (vLLM merges steps when its reader lags) by
+their decoded texts when those make up the chunk's text, else None (not a boundary to cut at).
 """
 
 from __future__ import annotations
@@ -74,17 +75,23 @@ class CompletionStream:
         ids = list(choice.get("token_ids") or [])
         target.token_ids.extend(ids)
         entries = _tokens(choice.get("logprobs"), ids)
-        # Where this chunk's text starts in the continuation: its first token begins there (a
-        # token's own decoded text may differ, e.g. part of a multi-byte character).
-        for k, entry in enumerate(entries):
-            entry["offset"] = len(target.text) if k == 0 else None
-        target.tokens.extend(entries)
         text = choice.get("text") or ""
+        _place(entries, len(target.text), text)
+        target.tokens.extend(entries)
         target.text += text
         if choice.get("finish_reason") is not None:
             target.finish_reason = choice["finish_reason"]
             target.stop_reason = choice.get("stop_reason")
         return [Delta(index, text)] if text else []
+
+
+def _place(entries: list[dict[str, Any]], start: int, text: str) -> None:
+    """Each entry's `offset` in the continuation, for a chunk whose text begins at `start`."""
+    exact = "".join(str(e["text"]) for e in entries) == text
+    position = start
+    for k, entry in enumerate(entries):
+        entry["offset"] = position if k == 0 or exact else None
+        position += len(str(entry["text"]))
 
 
 def _tokens(logprobs: Any, ids: list[int]) -> list[dict[str, Any]]:
