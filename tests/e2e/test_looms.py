@@ -92,7 +92,7 @@ def test_branches_from_the_root_and_a_child_make_the_tree(client: httpx.Client, 
         # Where each token starts (None inside a chunk whose tokens are part of a character).
         offsets = [t["offset"] for t in tokens if t["offset"] is not None]
         assert offsets[0] == 0 and offsets == sorted(offsets)
-        assert offsets[-1] < len(nodes[node["id"]]["text"])
+        assert offsets[-1] <= len(nodes[node["id"]]["text"])  # a last token may be empty
         assert all(isinstance(t["id"], int) and t["logprob"] <= 0 for t in tokens)
         assert all(len(t["top_logprobs"]) >= 1 for t in tokens)
     assert all(nodes[n["id"]]["tokens"] is None for n in first.json()["nodes"])
