@@ -16,15 +16,10 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.test_jobs_crash import JOB_LEASE_MS, _sqlite
-from tests.harness import ServerProcess, group_members, started
+from tests.e2e.test_jobs_crash import _node, _sqlite
+from tests.harness import group_members, started
 
 pytestmark = pytest.mark.e2e
-
-
-def _node(model_dir, home, name: str) -> ServerProcess:
-    env = {"VLLM_ACS_HOME": str(home), "VLLM_ACS_JOB_LEASE_MS": str(JOB_LEASE_MS)}
-    return ServerProcess(model_dir=model_dir, log_path=home / f"{name}.log", env=env)
 
 
 def test_a_branch_killed_mid_stream_is_finished_once_by_the_restart(

@@ -6,13 +6,9 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
 
-from tests.nginx import Nginx, nginx_binary
+from tests.nginx import Nginx
 
 
 def test_one_upstream_url_is_proxied_to_as_it_is(tmp_path):
@@ -39,19 +35,3 @@ def test_a_list_of_urls_is_an_upstream_block(tmp_path):
 def test_a_list_needs_base_urls(tmp_path, bad):
     with pytest.raises(ValueError):
         Nginx(bad, tmp_path).config()
-
-
-@pytest.mark.skipif(
-    not (shutil.which("nginx") or Path("/usr/sbin/nginx").exists()), reason="no nginx"
-)
-@pytest.mark.parametrize("upstream", ["http://127.0.0.1:8001", ["http://127.0.0.1:8001"] * 2])
-def test_nginx_accepts_the_config(tmp_path, upstream):
-    proxy = Nginx(upstream, tmp_path)
-    proxy.config_path.write_text(proxy.config())
-    done = subprocess.run(
-        [nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(proxy.config_path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 0, done.stderr

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from ..contract.body_validation import INLINE_LIMIT_BYTES
 from ..deployment.registry import NodeRegistry
 from ..metrics import FORWARDED
 from ..served_model import NodeModels
@@ -79,9 +80,19 @@ class ForwardingMiddleware:
         ):
             await self.app(scope, receive, send)
             return
+        elsewhere = {
+            n.model.id for n in await self.registry.live() if n.id != self.registry.node_id
+        } - {m.id for m in self.models.all()}
+        if not elsewhere:  # nothing to forward to: the body is not even read here
+            await self.app(scope, receive, send)
+            return
         body = await read_body(receive)
-        model = _wanted_model(body)
-        if model is not None and self.models.get(model) is None:
+        # A large body (a harvest's, up to 50 MB) is parsed off the event loop.
+        if len(body) <= INLINE_LIMIT_BYTES:
+            model = _wanted_model(body)
+        else:
+            model = await asyncio.to_thread(_wanted_model, body)
+        if model in elsewhere:
             for node in await self.registry.nodes_for(model):
                 if await self._forward(node.address, node.id, scope, body, receive, send):
                     FORWARDED.labels(outcome="forwarded").inc()
