@@ -9,6 +9,7 @@ private redis-server the test stops and starts (tests/redis_server.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -34,37 +35,53 @@ LONG = {"prompt": "Once", "max_tokens": 2000, "n": 4, "temperature": 1.0, "strea
 
 
 class Node:
-    def __init__(self, server: ServerProcess, proxy: TcpProxy, redis: RedisServer) -> None:
+    def __init__(self, server: ServerProcess, proxy: TcpProxy | None, redis: RedisServer) -> None:
         self.server, self.proxy, self.redis = server, proxy, redis
 
 
-@pytest.fixture(scope="module")
-def node(tiny_model_dir, tmp_path_factory) -> Iterator[Node]:
-    home = tmp_path_factory.mktemp("faults-home")
+@contextlib.contextmanager
+def _node(model_dir, home, *, proxied: bool) -> Iterator[Node]:
+    """A node with a private redis-server, on a private PostgreSQL database reached through a
+    TcpProxy (`proxied`) or directly. The Redis test takes the direct one: the proxy runs in this
+    test process, and its streams' threads would slow every database read of the node."""
     redis = RedisServer(home).start()
-    with private_pg_database() as database_url:
-        host_port, _name = database_url.split("://", 1)[1].split("@", 1)[1].rsplit("/", 1)
-        host, port = host_port.split(":")
-        with TcpProxy(host, int(port)) as proxy:
-            proxied = database_url.replace(host_port, f"127.0.0.1:{proxy.port}")
-            env = {
-                "VLLM_ACS_HOME": str(home),
-                "VLLM_ACS_DATABASE_URL": proxied,
-                "VLLM_ACS_REDIS_URL": redis.url,
-                "VLLM_ACS_LEASE_MS": str(LEASE_MS),
-            }
-            subprocess.run(
-                [sys.executable, "-m", "vllm_acs.cli", "db", "upgrade"],
-                env={**os.environ, **env},
-                check=True,
-                capture_output=True,
-            )
-            server = ServerProcess(model_dir=tiny_model_dir, log_path=home / "node.log", env=env)
-            try:
-                with started(server):
-                    yield Node(server, proxy, redis)
-            finally:
-                redis.stop()
+    with private_pg_database() as database_url, contextlib.ExitStack() as stack:
+        url, proxy = database_url, None
+        if proxied:
+            host_port = database_url.split("://", 1)[1].split("@", 1)[1].rsplit("/", 1)[0]
+            host, port = host_port.split(":")
+            proxy = stack.enter_context(TcpProxy(host, int(port)))
+            url = database_url.replace(host_port, f"127.0.0.1:{proxy.port}")
+        env = {
+            "VLLM_ACS_HOME": str(home),
+            "VLLM_ACS_DATABASE_URL": url,
+            "VLLM_ACS_REDIS_URL": redis.url,
+            "VLLM_ACS_LEASE_MS": str(LEASE_MS),
+        }
+        subprocess.run(
+            [sys.executable, "-m", "vllm_acs.cli", "db", "upgrade"],
+            env={**os.environ, **env},
+            check=True,
+            capture_output=True,
+        )
+        server = ServerProcess(model_dir=model_dir, log_path=home / "node.log", env=env)
+        try:
+            with started(server):
+                yield Node(server, proxy, redis)
+        finally:
+            redis.stop()
+
+
+@pytest.fixture
+def db_node(tiny_model_dir, tmp_path_factory) -> Iterator[Node]:
+    with _node(tiny_model_dir, tmp_path_factory.mktemp("faults-db-home"), proxied=True) as node:
+        yield node
+
+
+@pytest.fixture
+def redis_node(tiny_model_dir, tmp_path_factory) -> Iterator[Node]:
+    with _node(tiny_model_dir, tmp_path_factory.mktemp("faults-redis-home"), proxied=False) as n:
+        yield n
 
 
 def _timed(call) -> tuple[httpx.Response, float]:
@@ -73,7 +90,9 @@ def _timed(call) -> tuple[httpx.Response, float]:
     return response, time.monotonic() - begun
 
 
-def test_an_unreachable_database_answers_503_then_recovers(node: Node):
+def test_an_unreachable_database_answers_503_then_recovers(db_node: Node):
+    node = db_node
+    assert node.proxy is not None
     key = node.server.create_key("faults-db")
     auth = {"Authorization": f"Bearer {key}"}
     base = node.server.base_url
@@ -119,7 +138,8 @@ def _stream(base: str, auth: dict, into: list, running: threading.Event, body: d
         into.append((0, False, repr(error)))
 
 
-def test_redis_restarted_answers_503_meanwhile_then_admission_is_exact(node: Node):
+def test_redis_restarted_answers_503_meanwhile_then_admission_is_exact(redis_node: Node):
+    node = redis_node
     limits = ("--max-running", "1", "--max-waiting", "0")
     record = node.server.create_key_record("faults-redis", *limits)
     auth = {"Authorization": f"Bearer {record['key']}"}
