@@ -176,12 +176,18 @@ class AcsEndpointPlugin:
 
         from .middleware.forwarding import ForwardingMiddleware
 
-        if self.registry is None:
+        if self.registry is None or self.storage is None:
             raise RuntimeError("vllm_acs registry is not open: init_state did not run")
         # No read timeout: a stream lasts as long as the serving node streams.
         timeout = httpx.Timeout(connect=3.0, read=None, write=60.0, pool=60.0)
         self.forwarding_client = httpx.AsyncClient(timeout=timeout, trust_env=False)
-        return ForwardingMiddleware(inner, self.models, self.registry, self.forwarding_client)
+        return ForwardingMiddleware(
+            inner,
+            self.models,
+            self.registry,
+            self.forwarding_client,
+            self.storage.looms.recorded_model,
+        )
 
     async def _start_registry(self, settings: Settings, args: Namespace) -> None:
         from .deployment.registry import NodeRegistry

@@ -3,7 +3,8 @@
 API server process, outside Auth: the node that serves the model authenticates, admits, runs and
 settles the request, once; this node only carries bytes both ways (streams as they come,
 activations included) with the client's request id. The writing POSTs that name a model are
-forwarded (completions, completion jobs, harvests, a Loom branch or score) when the model is not
+forwarded (completions, completion jobs, harvests, a Loom branch or score: their body's `model`;
+a Loom replay: the model its Node recorded, read from the shared database) when the model is not
 this node's and a live node of the deployment serves it. A connection that fails before an
 answer ejects that node at once and the next one is tried; with none left the request is
 answered here (`400 model_not_found`). A forwarded request is never forwarded again.
@@ -16,6 +17,7 @@ import contextlib
 import json
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -38,6 +40,11 @@ _ROUTES = tuple(
         r"/v1/looms/[^/]+/nodes/[^/]+/(branch|score)",
     )
 )
+# A replay has no body: it regenerates with the model its Node recorded (which never changes),
+# so the path names the model through the Node, read from the shared database.
+_REPLAY = re.compile(r"/v1/looms/(?P<loom>[^/]+)/nodes/(?P<node>[^/]+)/replay")
+# (loom id, node id) -> the model the Node's generation recorded, or None.
+RecordedModel = Callable[[str, str], Awaitable[str | None]]
 # Headers that belong to one hop, not to the request or answer (RFC 9110 7.6.1), and the ones
 # the client of the next hop sets itself.
 _HOP = {
@@ -64,18 +71,25 @@ def _wanted_model(body: bytes) -> str | None:
 
 class ForwardingMiddleware:
     def __init__(
-        self, app: ASGIApp, models: NodeModels, registry: NodeRegistry, client: httpx.AsyncClient
+        self,
+        app: ASGIApp,
+        models: NodeModels,
+        registry: NodeRegistry,
+        client: httpx.AsyncClient,
+        recorded_model: RecordedModel,
     ) -> None:
         self.app = app
         self.models = models
         self.registry = registry
         self.client = client
+        self.recorded_model = recorded_model
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        replay = _REPLAY.fullmatch(scope["path"]) if scope["type"] == "http" else None
         if not (
             scope["type"] == "http"
             and scope["method"] == "POST"
-            and any(p.fullmatch(scope["path"]) for p in _ROUTES)
+            and (replay is not None or any(p.fullmatch(scope["path"]) for p in _ROUTES))
             and header(scope, FORWARDED_HEADER) is None
         ):
             await self.app(scope, receive, send)
@@ -87,10 +101,13 @@ class ForwardingMiddleware:
             await self.app(scope, receive, send)
             return
         body = await read_body(receive)
-        # A large body (a harvest's, up to 50 MB) is parsed off the event loop.
-        if len(body) <= INLINE_LIMIT_BYTES:
+        if replay is not None:
+            # Read before Auth, without the caller's key: another key's Node goes to the serving
+            # node, which answers 404 as this one would; a Node without a model stays here.
+            model = await self.recorded_model(replay["loom"], replay["node"])
+        elif len(body) <= INLINE_LIMIT_BYTES:
             model = _wanted_model(body)
-        else:
+        else:  # a large body (a harvest's, up to 50 MB) is parsed off the event loop
             model = await asyncio.to_thread(_wanted_model, body)
         if model in elsewhere:
             for node in await self.registry.nodes_for(model):

@@ -1,10 +1,12 @@
 """Looms and their Nodes: create, list, read a whole tree, change a tree in one transaction,
-delete. API server process (the Loom routes and the branch job). Every read and write is scoped
-to the key that owns the Loom: another key's Loom reads as absent.
+delete. API server process (the Loom routes, the branch job, the forwarder). Every read and
+write is scoped to the key that owns the Loom (another key's Loom reads as absent), but the one
+the forwarder routes a replay by.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
@@ -105,6 +107,19 @@ class LoomRepository:
         async with self._engine.connect() as conn:
             loom = await _loom(conn, loom_id, key_id)
             return None if loom is None else await _tree(conn, loom)
+
+    async def recorded_model(self, loom_id: str, node_id: str) -> str | None:
+        """The model a Node's generation recorded (a model's Node), None for any other Node or
+        none at all. Not scoped to a key: the forwarder only routes by it (the node that serves
+        the model then checks the key), and it needs one row, not the tree."""
+        query = select(loom_nodes.c.generation).where(
+            loom_nodes.c.loom_id == loom_id, loom_nodes.c.id == node_id
+        )
+        async with self._engine.connect() as conn:
+            generation = (await conn.execute(query)).scalar_one_or_none()
+        recorded = json.loads(generation) if generation else None
+        model = recorded.get("model") if isinstance(recorded, dict) else None
+        return model if isinstance(model, str) else None
 
     async def change(
         self, loom_id: str, key_id: str | None, now: datetime, plan: Plan[T], *, max_nodes: int

@@ -1,0 +1,198 @@
+"""ForwardingMiddleware on a stand-in route, over a real model registry and Looms on SQLite, with
+the other node an httpx mock: which writing POSTs go to the node of their model (the body's
+`model`; for a Loom replay, the model its Node recorded), with what, and which stay here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import pytest
+
+from vllm_acs.deployment.registry import NodeRegistry
+from vllm_acs.middleware.forwarding import ForwardingMiddleware
+from vllm_acs.served_model import NodeModels, ServedModel
+from vllm_acs.settings import Settings
+from vllm_acs.storage import open_storage
+from vllm_acs.storage.loom_records import Loom, LoomNode
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+OURS = ServedModel("model-a", "org/a", 2048, 20, "cpu", 0)
+THEIRS = ServedModel("model-b", "org/b", 2048, 20, "cpu", 0)
+OTHER_NODE = "http://node-b.test"
+LOOM = "loom_1"
+
+
+def _node(node_id: str, parent: str | None, origin: str, model: str | None = None) -> LoomNode:
+    generation = None if model is None else {"model": model, "seed": 1, "prompt_token_ids": [1]}
+    return LoomNode(
+        id=node_id,
+        loom_id=LOOM,
+        parent_id=parent,
+        position=0,
+        origin=origin,
+        status="ready",
+        text="x",
+        created_at=NOW,
+        updated_at=NOW,
+        generation=generation,
+    )
+
+
+class Deployment:
+    """This node (model-a) in front of a stand-in route; node-b (model-b) answers by mock."""
+
+    def __init__(self, storage, registry: NodeRegistry, refuse: bool) -> None:
+        self.storage = storage
+        self.registry = registry
+        self.local: list[tuple[str, bytes]] = []  # what the route here received
+        self.upstream: list[httpx.Request] = []  # what node-b received
+        self.refuse = refuse
+
+    async def route(self, scope, receive, send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.local.append((scope["path"], body))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"here"})
+
+    def node_b(self, request: httpx.Request) -> httpx.Response:
+        if self.refuse:
+            raise httpx.ConnectError("connection refused", request=request)
+        self.upstream.append(request)
+        # A stream, as a real answer is: the forwarder relays it as it comes.
+        return httpx.Response(200, stream=httpx.ByteStream(b"node-b"))
+
+
+@pytest.fixture
+def deployment(tmp_path: Path):
+    """(async client factory): a client of this node and its Deployment."""
+
+    async def build(refuse: bool = False) -> tuple[httpx.AsyncClient, Deployment]:
+        url = f"sqlite+aiosqlite:///{tmp_path / 'acs.sqlite3'}"
+        storage = await open_storage(Settings(database_url=url, home=tmp_path))
+        await storage.registry.announce("node-b", OTHER_NODE, THEIRS, NOW)
+        loom = Loom(LOOM, "key_1", "acct_1", None, 0, NOW, NOW)
+        nodes = [
+            _node("root", None, "root"),
+            _node("by_b", "root", "model", THEIRS.id),
+            _node("by_a", "root", "model", OURS.id),
+            _node("by_hand", "root", "human"),
+        ]
+        await storage.looms.create(loom, nodes, max_per_key=10, max_nodes=10)
+        registry = NodeRegistry(
+            storage.registry,
+            "node-a",
+            "http://node-a.test",
+            lambda: OURS,
+            heartbeat_s=0.0,  # read the table at every request
+            ttl_s=3600,
+            clock=lambda: NOW,
+        )
+        models = NodeModels()
+        models.register(OURS)
+        here = Deployment(storage, registry, refuse)
+        upstream = httpx.AsyncClient(transport=httpx.MockTransport(here.node_b))
+        app = ForwardingMiddleware(
+            here.route, models, registry, upstream, storage.looms.recorded_model
+        )
+        transport = httpx.ASGITransport(app=app)
+        return httpx.AsyncClient(transport=transport, base_url="http://t"), here
+
+    return build
+
+
+def _replay(node_id: str) -> str:
+    return f"/v1/looms/{LOOM}/nodes/{node_id}/replay"
+
+
+def test_a_replay_of_a_node_another_nodes_model_made_is_answered_there(deployment):
+    async def run() -> None:
+        client, here = await deployment()
+        headers = {"Authorization": "Bearer acs-bm-x", "X-Request-Id": "req-1"}
+        answer = await client.post(_replay("by_b"), headers=headers)
+        assert (answer.status_code, answer.content) == (200, b"node-b")
+        assert here.local == []
+        (sent,) = here.upstream
+        assert str(sent.url) == OTHER_NODE + _replay("by_b")
+        assert sent.method == "POST"
+        # The serving node authenticates the client's key; it never forwards it again.
+        assert sent.headers["authorization"] == "Bearer acs-bm-x"
+        assert sent.headers["x-acs-forwarded-by"] == "node-a"
+        assert sent.headers["x-request-id"] == "req-1"
+        await here.storage.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("node_id", "why"),
+    [
+        ("by_a", "this node's model made it"),
+        ("by_hand", "no model recorded: the route's own 409"),
+        ("root", "no model recorded: the route's own 409"),
+        ("nowhere", "no such Node: the route's own 404"),
+    ],
+)
+def test_a_replay_is_answered_here_when_no_other_node_is_its_models(deployment, node_id, why):
+    async def run() -> None:
+        client, here = await deployment()
+        answer = await client.post(_replay(node_id))
+        assert answer.content == b"here", why
+        assert here.local == [(_replay(node_id), b"")] and here.upstream == []
+        await here.storage.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/completions",
+        "/v1/completion-jobs",
+        "/v1/harvest",
+        f"/v1/looms/{LOOM}/nodes/root/branch",
+        f"/v1/looms/{LOOM}/nodes/root/score",
+    ],
+)
+def test_a_body_naming_another_nodes_model_is_answered_there(deployment, path):
+    async def run() -> None:
+        client, here = await deployment()
+        theirs = json.dumps({"model": THEIRS.id, "prompt": "x"}).encode()
+        assert (await client.post(path, content=theirs)).content == b"node-b"
+        assert [(r.url.path, r.content) for r in here.upstream] == [(path, theirs)]
+        ours = json.dumps({"model": OURS.id, "prompt": "x"}).encode()
+        assert (await client.post(path, content=ours)).content == b"here"
+        assert here.local == [(path, ours)]  # the body read for routing reaches the route
+        await here.storage.close()
+
+    asyncio.run(run())
+
+
+def test_a_forwarded_replay_is_not_forwarded_again(deployment):
+    async def run() -> None:
+        client, here = await deployment()
+        headers = {"X-Acs-Forwarded-By": "node-c"}
+        assert (await client.post(_replay("by_b"), headers=headers)).content == b"here"
+        assert here.upstream == []
+        await here.storage.close()
+
+    asyncio.run(run())
+
+
+def test_a_replay_whose_node_refuses_the_connection_ejects_it_and_is_answered_here(deployment):
+    async def run() -> None:
+        client, here = await deployment(refuse=True)
+        assert (await client.post(_replay("by_b"))).content == b"here"
+        assert await here.registry.nodes_for(THEIRS.id) == []  # ejected at once
+        await here.storage.close()
+
+    asyncio.run(run())
