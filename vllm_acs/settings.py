@@ -100,12 +100,14 @@ class Settings:
     # (url-secret); nodes that share a deployment must share it.
     url_secret: str | None = field(default=None, repr=False)
     # Job files in an S3-compatible object store instead of `files_dir`: set `s3_bucket` to use
-    # one. `s3_endpoint` is the store's URL (unset: AWS S3 of `s3_region`); it must be reachable
-    # by the researchers too, since downloads are presigned URLs of it. Credentials unset: the
-    # AWS_* environment or the instance's. Every key starts with `s3_prefix`; nodes of one
-    # deployment share bucket and prefix.
+    # one. `s3_endpoint` is the store's URL as the nodes reach it (unset: AWS S3 of `s3_region`);
+    # `s3_public_endpoint` the same store as researchers reach it, the host of the presigned
+    # download URLs (unset: `s3_endpoint`). Credentials unset: the AWS_* environment or the
+    # instance's. Every key starts with `s3_prefix`; nodes of one deployment share bucket and
+    # prefix.
     s3_bucket: str | None = None
     s3_endpoint: str | None = None
+    s3_public_endpoint: str | None = None
     s3_region: str = "us-east-1"
     s3_access_key_id: str | None = None
     s3_secret_access_key: str | None = field(default=None, repr=False)

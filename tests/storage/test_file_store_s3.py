@@ -1,6 +1,7 @@
 """The S3 file store beyond the shared contract, on a real SeaweedFS: presigned GET URLs that plain
-HTTP fetches (whole, a Range, refused once expired or altered, never past SigV4's 7 days), the
-settings that choose it, and the harvest files' retention sweep on it."""
+HTTP fetches (whole, a Range, refused once expired or altered, never past SigV4's 7 days, signed
+for the public endpoint when there is one), the settings that choose it, and the harvest files'
+retention sweep on it."""
 
 from __future__ import annotations
 
@@ -58,7 +59,11 @@ def test_an_expired_or_altered_url_is_refused(store):
     altered = url.replace("X-Amz-Signature=", "X-Amz-Signature=0")
     assert httpx.get(altered).status_code == 403
     time.sleep(2.1)
-    assert httpx.get(url).status_code == 403
+    expired = httpx.get(url)
+    # The store's own refusal (S3's XML error), not the API's envelope: the client reads the
+    # harvest again for fresh URLs.
+    assert expired.status_code == 403 and expired.text.lstrip().startswith("<?xml")
+    assert "<Code>AccessDenied</Code>" in expired.text
     # Past its expiry the store gives no URL at all (the node answers its own, refused).
     assert _url(store, "f/data", timedelta(seconds=-1)) is None
 
@@ -69,6 +74,28 @@ def test_a_url_never_outlives_sigv4s_seven_days(store):
     assert url is not None
     assert parse_qs(urlsplit(url).query)["X-Amz-Expires"] == [str(7 * 24 * 3600)]
     assert httpx.get(url).status_code == 200  # more than 7 days would be a 400
+
+
+def test_urls_name_the_public_endpoint_and_download_from_it(seaweedfs):
+    """The nodes reach the store at 127.0.0.1, the researchers at `localhost`: the same server
+    by another name, as an internal and a public address would be."""
+    internal = seaweedfs.endpoint
+    public = internal.replace("://127.0.0.1:", "://localhost:")
+    settings = seaweedfs.settings(seaweedfs.prefix("public"), s3_public_endpoint=public)
+    store = S3FileStore.from_settings(settings)
+    asyncio.run(store.write("harvests/job_1/shard_00000.safetensors", DATA))  # by s3_endpoint
+    url = _url(store, "harvests/job_1/shard_00000.safetensors", timedelta(hours=1))
+    assert url is not None and urlsplit(url).netloc == urlsplit(public).netloc
+    download = httpx.get(url)
+    assert download.status_code == 200 and download.content == DATA
+    # SigV4 signed the public host: the same URL by the internal address is refused.
+    assert httpx.get(url.replace(public, internal, 1)).status_code == 403
+    # Unset, the URLs name s3_endpoint (what the other tests download).
+    plain = S3FileStore.from_settings(seaweedfs.settings(settings.s3_prefix))
+    plain_url = _url(plain, "harvests/job_1/shard_00000.safetensors", timedelta(hours=1))
+    assert plain_url is not None and urlsplit(plain_url).netloc == urlsplit(internal).netloc
+    loaded = Settings.load({"VLLM_ACS_S3_PUBLIC_ENDPOINT": public})
+    assert loaded.s3_public_endpoint == public
 
 
 def test_the_prefix_keeps_deployments_apart(seaweedfs):
@@ -82,7 +109,8 @@ def test_the_prefix_keeps_deployments_apart(seaweedfs):
 @pytest.mark.parametrize(
     ("values", "wanted"),
     [
-        ({"s3_endpoint": "127.0.0.1:8333"}, "ENDPOINT"),
+        ({"s3_endpoint": "127.0.0.1:8333"}, "VLLM_ACS_S3_ENDPOINT"),
+        ({"s3_public_endpoint": "s3.lab.example:443"}, "PUBLIC_ENDPOINT"),
         ({"s3_access_key_id": "only-the-id"}, "go together"),
         ({"s3_prefix": "a/../b"}, "PREFIX"),
     ],

@@ -1,6 +1,7 @@
 """Job files in an S3-compatible object store (AWS S3, SeaweedFS, MinIO...): the `FileStore` of
 files.py on obstore's async API, each name an object key under an optional prefix, and presigned
-GET URLs so that researchers download a harvest's files from the store, not through a node.
+GET URLs so that researchers download a harvest's files from the store, not through a node
+(signed for `s3_public_endpoint` when the researchers reach the store by another address).
 
 API server process and the CLI, when `s3_bucket` is set. A PUT is atomic by itself (a reader
 sees the old object or the whole new one), which is all a harvest's resume needs of a write.
@@ -30,21 +31,19 @@ class S3FileStore:
 
     CHUNK = 1 << 20
 
-    def __init__(self, store: S3Store) -> None:
+    def __init__(self, store: S3Store, signer: S3Store | None = None) -> None:
         self.store = store
+        # SigV4 signs the Host a URL names: URLs for researchers who reach the store by another
+        # address than the nodes are signed by a store of that address, which only signs.
+        self.signer = store if signer is None else signer
 
     @classmethod
     def from_settings(cls, settings: Settings) -> S3FileStore:
         """The store `s3_*` settings name; SettingsError for settings it cannot use."""
-        from obstore.store import S3Store
-
         if not settings.s3_bucket:
             raise SettingsError("VLLM_ACS_S3_BUCKET is not set")
-        endpoint = settings.s3_endpoint
-        if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-            raise SettingsError(
-                f"VLLM_ACS_S3_ENDPOINT must be an http:// or https:// URL, got {endpoint!r}"
-            )
+        endpoint = _checked_endpoint("VLLM_ACS_S3_ENDPOINT", settings.s3_endpoint)
+        public = _checked_endpoint("VLLM_ACS_S3_PUBLIC_ENDPOINT", settings.s3_public_endpoint)
         if (settings.s3_access_key_id is None) != (settings.s3_secret_access_key is None):
             raise SettingsError(
                 "VLLM_ACS_S3_ACCESS_KEY_ID and VLLM_ACS_S3_SECRET_ACCESS_KEY go together: set "
@@ -58,20 +57,10 @@ class S3FileStore:
                 raise SettingsError(
                     f"VLLM_ACS_S3_PREFIX must be plain path segments, got {settings.s3_prefix!r}"
                 ) from None
-        config: dict[str, Any] = {"region": settings.s3_region}
-        if endpoint is not None:
-            config["endpoint"] = endpoint
-        if settings.s3_access_key_id is not None:
-            config["access_key_id"] = settings.s3_access_key_id
-            config["secret_access_key"] = settings.s3_secret_access_key
-        store = S3Store(
-            settings.s3_bucket,
-            prefix=prefix or None,
-            config=config,
-            # An http:// endpoint (a store on the same private network) says so itself.
-            client_options={"allow_http": bool(endpoint and endpoint.startswith("http://"))},
-        )
-        return cls(store)
+        store = _s3_store(settings, endpoint, prefix)
+        if public is None or public == endpoint:
+            return cls(store)
+        return cls(store, signer=_s3_store(settings, public, prefix))
 
     async def write(self, name: str, data: bytes) -> StoredFile:
         check_name(name)
@@ -144,6 +133,30 @@ class S3FileStore:
         if not names:
             return []
         signed = await obstore.sign_async(
-            self.store, "GET", list(names), timedelta(seconds=seconds)
+            self.signer, "GET", list(names), timedelta(seconds=seconds)
         )
         return list(signed)
+
+
+def _checked_endpoint(variable: str, endpoint: str | None) -> str | None:
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise SettingsError(f"{variable} must be an http:// or https:// URL, got {endpoint!r}")
+    return endpoint
+
+
+def _s3_store(settings: Settings, endpoint: str | None, prefix: str) -> S3Store:
+    from obstore.store import S3Store
+
+    config: dict[str, Any] = {"region": settings.s3_region}
+    if endpoint is not None:
+        config["endpoint"] = endpoint
+    if settings.s3_access_key_id is not None:
+        config["access_key_id"] = settings.s3_access_key_id
+        config["secret_access_key"] = settings.s3_secret_access_key
+    return S3Store(
+        settings.s3_bucket,
+        prefix=prefix or None,
+        config=config,
+        # An http:// endpoint (a store on the same private network) says so itself.
+        client_options={"allow_http": bool(endpoint and endpoint.startswith("http://"))},
+    )
