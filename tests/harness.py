@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_until(
+    condition: Callable[[], Any], what: str, timeout_s: float = 30.0, every_s: float = 0.2
+) -> Any:
+    """`condition()`'s first truthy value, polled every `every_s`; an AssertionError naming
+    `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"{what}: not after {timeout_s:.0f} s"
+        time.sleep(every_s)
+    return value
+
+
+def sigkill_group(pgid: int, timeout_s: float = 15.0) -> None:
+    """SIGKILL to process group `pgid` (a node: its API server, EngineCore and workers), then
+    until none of it is left."""
+    os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert group_members(pgid) == [], "processes of the killed node survived SIGKILL"
 
 
 def group_members(pgid: int) -> list[int]:
@@ -143,8 +165,9 @@ class ServerProcess:
             self.cli("accounts", "create", account, "--approved")
         return self.cli("keys", "create", "--account", account, *key_args)
 
-    def metric(self, name: str) -> float:
-        """The sum of the samples called `name` in the node's `/metrics` (0 when it has none)."""
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples called `name` in the node's `/metrics` (0 when it has none);
+        with `labels`, of those samples whose labels have these values."""
         from prometheus_client.parser import text_string_to_metric_families
 
         response = httpx.get(f"{self.base_url}/metrics", timeout=30, trust_env=False)
@@ -153,7 +176,7 @@ class ServerProcess:
             sample.value
             for family in text_string_to_metric_families(response.text)
             for sample in family.samples
-            if sample.name == name
+            if sample.name == name and labels.items() <= sample.labels.items()
         )
 
     def wait_for_metric(self, name: str, value: float, timeout_s: float = 30.0) -> None:

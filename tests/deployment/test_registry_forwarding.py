@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.shared_nodes import shared_nodes
-from tests.harness import MODEL_ID, ServerProcess, group_members
+from tests.harness import MODEL_ID, ServerProcess, group_members, wait_until
 from vllm_acs.client import decode_residual_stream
 
 pytestmark = pytest.mark.e2e
@@ -67,14 +67,6 @@ def _query(database_url: str, sql: str, *args: Any) -> list[Any]:
     return asyncio.run(run())
 
 
-def _wait(condition, what: str, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-    return value
-
-
 def _models(node: ServerProcess) -> list[dict]:
     """GET /v1/models (it needs a key, of any account)."""
     key = KEYS.get(node.base_url) or KEYS.setdefault(node.base_url, node.create_key("models"))
@@ -89,7 +81,7 @@ def _ids(node: ServerProcess) -> list[str]:
 def test_every_node_lists_every_live_model(deployment):
     nodes, _ = deployment
     for node in nodes:
-        _wait(lambda node=node: set(_ids(node)) == {MODEL_ID, OTHER_ID}, "both models listed")
+        wait_until(lambda node=node: set(_ids(node)) == {MODEL_ID, OTHER_ID}, "both models listed")
     mine, theirs = _models(nodes[0])
     assert (mine["id"], mine["default"]) == (MODEL_ID, True)
     assert (theirs["id"], theirs["default"], theirs["served_model_name"]) == (
@@ -106,7 +98,7 @@ def test_another_nodes_model_is_answered_by_forwarding_once(deployment):
     (node_a, node_b), database_url = deployment
     key = node_a.create_key_record("deployment")
     auth = {"Authorization": f"Bearer {key['key']}"}
-    _wait(lambda: OTHER_ID in _ids(node_a), "the other model listed")
+    wait_until(lambda: OTHER_ID in _ids(node_a), "the other model listed")
     with httpx.Client(base_url=node_a.base_url, headers=auth, timeout=120) as client:
         rid = uuid.uuid4().hex
         body = {"model": OTHER_ID, "prompt": "The sky is", "max_tokens": 4, "temperature": 0}
@@ -131,7 +123,7 @@ def test_another_nodes_model_is_answered_by_forwarding_once(deployment):
         rows = decode_residual_stream(capture.json())
         assert np.asarray(rows).size > 0
         # One usage row for the forwarded request: charged by the node that served it, once.
-        usage = _wait(
+        usage = wait_until(
             lambda: _query(database_url, "SELECT model FROM usage_rows WHERE request_id = $1", rid),
             "the usage row of the forwarded request",
         )
@@ -146,7 +138,7 @@ def test_a_node_killed_mid_stream_cuts_the_stream_leaks_no_slot_and_leaves_the_l
     (node_a, node_b), _ = deployment
     key = node_a.create_key("deployment-dead", "--max-running", "1", "--max-waiting", "0")
     auth = {"Authorization": f"Bearer {key}"}
-    _wait(lambda: OTHER_ID in _ids(node_a), "the other model listed")
+    wait_until(lambda: OTHER_ID in _ids(node_a), "the other model listed")
     body = {"model": OTHER_ID, "prompt": "Once", "max_tokens": 2000, "stream": True}
     pgid = node_b.process.pid
     with httpx.Client(base_url=node_a.base_url, headers=auth, timeout=120) as client:
@@ -161,7 +153,7 @@ def test_a_node_killed_mid_stream_cuts_the_stream_leaks_no_slot_and_leaves_the_l
         # The stream ended without its [DONE]: an error frame (or a cut connection).
         assert "data: [DONE]" not in rest
         assert any('"error"' in line for line in rest) or not rest
-    _wait(lambda: not group_members(pgid), "the killed node's processes gone", 15)
+    wait_until(lambda: not group_members(pgid), "the killed node's processes gone", 15)
     # At once (the connection fails: that node is ejected, not waited for).
     started = time.monotonic()
     one = {"model": OTHER_ID, "prompt": "x", "max_tokens": 1}
@@ -169,11 +161,11 @@ def test_a_node_killed_mid_stream_cuts_the_stream_leaks_no_slot_and_leaves_the_l
     assert (refused.status_code, refused.json()["error"]["code"]) == (400, "model_not_found")
     assert time.monotonic() - started < TTL_MS / 1000
     # It leaves the list once its heartbeat is older than the TTL.
-    _wait(lambda: _ids(node_a) == [MODEL_ID], "the dead node's model left the list", 15)
+    wait_until(lambda: _ids(node_a) == [MODEL_ID], "the dead node's model left the list", 15)
     # The dead node's slot of this key (max_running 1) and its Hold expire with their lease:
     # the key runs again on the live node, nothing leaked.
     own = {"model": MODEL_ID, "prompt": "x", "max_tokens": 1}
-    _wait(
+    wait_until(
         lambda: (
             httpx.post(f"{node_a.base_url}/v1/completions", json=own, headers=auth).status_code
             == 200

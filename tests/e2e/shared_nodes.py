@@ -1,20 +1,25 @@
-"""Two nodes of one deployment on a private PostgreSQL database and Redis prefix, for e2e tests.
+"""Two nodes (or more) of one deployment on a private PostgreSQL database and Redis prefix, for
+e2e tests, and the reads of the tables they share.
 
-The database is upgraded first, as an operator does (`vllm-acs db upgrade`); both nodes start
+The database is upgraded first, as an operator does (`vllm-acs db upgrade`); the nodes start
 at once and are stopped at the end however the module ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tests.harness import ServerProcess
+from tests.harness import ServerProcess, group_members
 from tests.services import REDIS_URL, private_pg_database, private_redis_prefix
 
 
@@ -66,3 +71,57 @@ def shared_nodes(
         finally:
             for server in servers:
                 server.stop()
+
+
+@dataclass
+class Cluster:
+    nodes: list[ServerProcess]
+    dsn: str  # asyncpg's, for reading the tables the nodes write
+
+    @classmethod
+    def of(cls, nodes: list[ServerProcess], database_url: str) -> Cluster:
+        """From `shared_nodes`' answer (its SQLAlchemy URL)."""
+        return cls(nodes, database_url.replace("postgresql+asyncpg://", "postgresql://"))
+
+    def query(self, statement: str, *args: Any) -> list[dict[str, Any]]:
+        return asyncio.run(_fetch(self.dsn, statement, *args))
+
+    def owner_node(self, owner: str) -> ServerProcess:
+        """The node whose process runs under a job's `owner` (`hostname-pid-nonce`, the API
+        server's pid)."""
+        pid = int(owner.rsplit("-", 2)[1])
+        # Matched on the process group rather than the Popen pid alone: whichever process of a
+        # node hosts the runner, it is in that node's group.
+        (node,) = [
+            n for n in self.nodes if n.process is not None and pid in group_members(n.process.pid)
+        ]
+        return node
+
+    def usage_rows(self, key_id: str, expected: int, timeout_s: float = 30) -> list[dict]:
+        """The key's usage rows, once at least `expected` are written (the ledger writes from a
+        queue, possibly just after a job ended)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rows = self.query(
+                "SELECT request_id, status, prompt_tokens, completion_tokens FROM usage_rows "
+                "WHERE key_id = $1",
+                key_id,
+            )
+            if len(rows) >= expected or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.3)
+
+
+def node_logs(nodes: list[ServerProcess], lines: int = 40) -> str:
+    """The last lines of each node's log, for an assertion's message."""
+    return "\n".join(f"--- {n.log_path.name}\n{n.log_tail(lines)}" for n in nodes)
+
+
+async def _fetch(dsn: str, statement: str, *args: Any) -> list[dict[str, Any]]:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        return [dict(row) for row in await conn.fetch(statement, *args)]
+    finally:
+        await conn.close()

@@ -9,8 +9,6 @@ on the same VLLM_ACS_HOME and a new port.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -21,7 +19,8 @@ import numpy as np
 import pytest
 from safetensors.torch import load
 
-from tests.harness import MODEL_ID, ServerProcess, group_members, started
+from tests.e2e.jobs_client import wait_harvest_ended
+from tests.harness import MODEL_ID, ServerProcess, sigkill_group, started
 
 pytestmark = pytest.mark.e2e
 
@@ -55,15 +54,6 @@ def _manifest(home: Path, job_id: str) -> dict[str, Any] | None:
     return json.loads(path.read_bytes()) if path.exists() else None
 
 
-def _wait_done(client: httpx.Client, job_id: str, server: ServerProcess) -> dict[str, Any]:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/harvest/{job_id}", params={"wait": 20}).json()
-        if job["status"] not in ("pending", "running"):
-            return job
-    raise AssertionError(f"harvest {job_id} not ended:\n{server.log_tail()}")
-
-
 def _usage(home: Path, job_id: str) -> list[tuple[str, int]]:
     conn = sqlite3.connect(home / "vllm-acs.sqlite3", timeout=10)
     try:
@@ -94,12 +84,7 @@ def test_a_killed_harvest_resumes_after_its_last_shard_and_matches_an_uninterrup
                 if progress["shards_done"] >= KILL_AFTER_SHARDS:
                     break
                 time.sleep(0.05)
-        pgid = first.process.pid
-        os.killpg(pgid, signal.SIGKILL)
-        deadline = time.monotonic() + 15
-        while group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert group_members(pgid) == [], "processes of the killed node survived SIGKILL"
+        sigkill_group(first.process.pid)
 
     # Killed mid-harvest: some shards complete, not all (else this proves nothing).
     at_kill = _manifest(home, job_id)
@@ -110,7 +95,7 @@ def test_a_killed_harvest_resumes_after_its_last_shard_and_matches_an_uninterrup
 
     second = _node(tiny_model_dir, home, "node-second")
     with started(second), httpx.Client(base_url=second.base_url, headers=auth, timeout=120) as c:
-        job = _wait_done(c, job_id, second)
+        job = wait_harvest_ended(c, job_id, [second])
         assert job["status"] == "done", (job, second.log_tail())
         assert job["result"]["n_shards"] == N_SHARDS
         log = second.log_path.read_text()
@@ -124,7 +109,7 @@ def test_a_killed_harvest_resumes_after_its_last_shard_and_matches_an_uninterrup
         reference = c.post("/v1/harvest", json=_body())
         assert reference.status_code == 202, reference.text
         reference_id = reference.json()["job_id"]
-        assert _wait_done(c, reference_id, second)["status"] == "done"
+        assert wait_harvest_ended(c, reference_id, [second])["status"] == "done"
 
     resumed, uninterrupted = _files(home, job_id), _files(home, reference_id)
     for number in range(N_SHARDS):

@@ -5,22 +5,19 @@ other, which runs it again (attempt 1) and charges it once.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.shared_nodes import shared_nodes
-from tests.harness import ServerProcess, group_members
+from tests.e2e.jobs_client import submit_job, wait_jobs_ended
+from tests.e2e.shared_nodes import Cluster, node_logs, shared_nodes
+from tests.harness import ServerProcess, sigkill_group
 
 pytestmark = pytest.mark.e2e
 
@@ -32,29 +29,9 @@ JOB_LEASE_MS = 5000
 LEASE_MS = 8000
 ONE_TOKEN = {"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 1, "temperature": 0}
 SOME_TOKENS = {**ONE_TOKEN, "max_tokens": 64}
-ENDED = {"succeeded", "failed", "cancelled", "expired"}
 # A key whose requests wait in its queue and never run until `keys set --max-running 1`.
 HELD_AT_ADMISSION = ("--max-running", "0", "--max-waiting", "4")
 BULK_JOBS = 100
-
-
-@dataclass
-class Cluster:
-    nodes: list[ServerProcess]
-    dsn: str  # asyncpg's, for reading the tables the nodes write
-
-    def query(self, statement: str, *args: Any) -> list[dict[str, Any]]:
-        return asyncio.run(_fetch(self.dsn, statement, *args))
-
-
-async def _fetch(dsn: str, statement: str, *args: Any) -> list[dict[str, Any]]:
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn, timeout=10)
-    try:
-        return [dict(row) for row in await conn.fetch(statement, *args)]
-    finally:
-        await conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -62,61 +39,7 @@ def cluster(tiny_model_dir, tmp_path_factory) -> Iterator[Cluster]:
     home = tmp_path_factory.mktemp("jobs-shared-home")
     env = {"VLLM_ACS_LEASE_MS": str(LEASE_MS), "VLLM_ACS_JOB_LEASE_MS": str(JOB_LEASE_MS)}
     with shared_nodes(tiny_model_dir, home, env) as (servers, database_url):
-        yield Cluster(servers, database_url.replace("postgresql+asyncpg://", "postgresql://"))
-
-
-def _logs(nodes: list[ServerProcess]) -> str:
-    return "\n".join(f"--- {n.log_path.name}\n{n.log_tail(40)}" for n in nodes)
-
-
-def _submit(client: httpx.Client, url: str, body: dict[str, Any], idempotency_key: str) -> str:
-    response = client.post(
-        f"{url}/v1/completion-jobs", json=body, headers={"Idempotency-Key": idempotency_key}
-    )
-    assert response.status_code == 202, response.text
-    job = response.json()
-    assert response.headers["location"] == f"/v1/completion-jobs/{job['id']}"
-    assert job["status"] == "queued"
-    return job["id"]
-
-
-def _wait_ended(
-    client: httpx.Client, urls: list[str], job_ids: list[str], timeout_s: float, nodes
-) -> dict[str, dict[str, Any]]:
-    """Every job's final object, polled round-robin over the nodes until all have ended."""
-    ended: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout_s
-    turn = 0
-    while len(ended) < len(job_ids):
-        for job_id in [j for j in job_ids if j not in ended]:
-            turn += 1
-            response = client.get(f"{urls[turn % len(urls)]}/v1/completion-jobs/{job_id}")
-            assert response.status_code == 200, response.text
-            if response.json()["status"] in ENDED:
-                ended[job_id] = response.json()
-        if len(ended) < len(job_ids):
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"{len(job_ids) - len(ended)} job(s) not ended after {timeout_s}s:\n"
-                    f"{_logs(nodes)}"
-                )
-            time.sleep(0.5)
-    return ended
-
-
-def _usage_rows(cluster: Cluster, key_id: str, expected: int, timeout_s: float = 30):
-    """The key's usage rows, once at least `expected` are written (the ledger writes from a
-    queue, possibly just after a job ended)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        rows = cluster.query(
-            "SELECT request_id, status, prompt_tokens, completion_tokens FROM usage_rows "
-            "WHERE key_id = $1",
-            key_id,
-        )
-        if len(rows) >= expected or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.3)
+        yield Cluster.of(servers, database_url)
 
 
 def _charged(node: ServerProcess, prefix: str) -> dict[str, int]:
@@ -137,14 +60,14 @@ def test_many_jobs_over_two_nodes_each_run_once(cluster):
         with ThreadPoolExecutor(max_workers=4) as pool:
             job_ids = list(
                 pool.map(
-                    lambda i: _submit(client, urls[i % 2], ONE_TOKEN, f"bulk-{i}"),
+                    lambda i: submit_job(client, urls[i % 2], ONE_TOKEN, f"bulk-{i}"),
                     range(BULK_JOBS),
                 )
             )
         assert len(set(job_ids)) == BULK_JOBS
-        ended = _wait_ended(client, urls, job_ids, 300, nodes)
+        ended = wait_jobs_ended(client, urls, job_ids, 300, nodes)
         statuses = Counter(job["status"] for job in ended.values())
-        assert statuses == {"succeeded": BULK_JOBS}, (statuses, _logs(nodes))
+        assert statuses == {"succeeded": BULK_JOBS}, (statuses, node_logs(nodes))
 
         results: dict[str, dict[str, Any]] = {}
         for job_id in job_ids:
@@ -154,7 +77,7 @@ def test_many_jobs_over_two_nodes_each_run_once(cluster):
             assert answers[0].content == answers[1].content
             results[job_id] = answers[0].json()
 
-    rows = _usage_rows(cluster, record["id"], BULK_JOBS)
+    rows = cluster.usage_rows(record["id"], BULK_JOBS)
     per_job = Counter(row["request_id"] for row in rows)
     assert set(per_job) == set(job_ids)
     assert set(per_job.values()) == {1}, [j for j, n in per_job.items() if n != 1]
@@ -175,13 +98,13 @@ def test_a_job_submitted_to_one_node_is_readable_from_the_other_at_once(cluster)
     key = node_a.create_key("jobs-read")
     auth = {"Authorization": f"Bearer {key}"}
     with httpx.Client(headers=auth, timeout=60) as client:
-        job_id = _submit(client, node_a.base_url, ONE_TOKEN, "read-1")
+        job_id = submit_job(client, node_a.base_url, ONE_TOKEN, "read-1")
         # Right away: the job is in the shared table when the submit answers.
         read = client.get(f"{node_b.base_url}/v1/completion-jobs/{job_id}")
         assert read.status_code == 200, read.text
         assert read.json()["id"] == job_id
         assert read.json()["model"] == "tiny-llama"
-        ended = _wait_ended(client, [node_b.base_url], [job_id], 120, cluster.nodes)
+        ended = wait_jobs_ended(client, [node_b.base_url], [job_id], 120, cluster.nodes)
         assert ended[job_id]["status"] == "succeeded"
         result = client.get(f"{node_b.base_url}/v1/completion-jobs/{job_id}/result")
         assert result.status_code == 200, result.text
@@ -225,15 +148,6 @@ def test_a_loom_made_on_one_node_grows_on_both(cluster):
         assert text == "Shared edited"
 
 
-def _owner_node(cluster: Cluster, owner: str) -> ServerProcess:
-    """The node whose process runs under `owner` (`hostname-pid-nonce`, the API server's pid)."""
-    pid = int(owner.rsplit("-", 2)[1])
-    # Matched on the process group rather than the Popen pid alone: whichever process of a node
-    # hosts the runner, it is in that node's group.
-    (node,) = [n for n in cluster.nodes if pid in group_members(n.process.pid)]
-    return node
-
-
 def test_a_node_killed_mid_job_leaves_the_job_to_the_other(cluster):
     # Last in the module: the killed node stays down.
     nodes = cluster.nodes
@@ -242,7 +156,7 @@ def test_a_node_killed_mid_job_leaves_the_job_to_the_other(cluster):
     record = nodes[0].create_key_record("jobs-kill", *HELD_AT_ADMISSION)
     auth = {"Authorization": f"Bearer {record['key']}"}
     with httpx.Client(headers=auth, timeout=60) as client:
-        job_id = _submit(client, nodes[0].base_url, SOME_TOKENS, "kill-1")
+        job_id = submit_job(client, nodes[0].base_url, SOME_TOKENS, "kill-1")
         # Either runner may claim it (the submitting node is woken, the other polls): rather than
         # steer the claim, wait until it is running and read its owner from the shared table,
         # then kill that node, whichever it is.
@@ -252,9 +166,9 @@ def test_a_node_killed_mid_job_leaves_the_job_to_the_other(cluster):
             if job["status"] == "running" or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        assert job["status"] == "running", (job, _logs(nodes))
+        assert job["status"] == "running", (job, node_logs(nodes))
         assert job["attempt"] == 0
-        victim = _owner_node(cluster, job["owner"])
+        victim = cluster.owner_node(job["owner"])
         (survivor,) = [n for n in nodes if n is not victim]
 
         # Let the key run from now on. The waiting run keeps the limits it was admitted under, so
@@ -265,12 +179,7 @@ def test_a_node_killed_mid_job_leaves_the_job_to_the_other(cluster):
         (job,) = cluster.query("SELECT status, attempt FROM jobs WHERE id = $1", job_id)
         assert (job["status"], job["attempt"]) == ("running", 0)
 
-        pgid = victim.process.pid
-        os.killpg(pgid, signal.SIGKILL)
-        deadline = time.monotonic() + 15
-        while group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert group_members(pgid) == [], "processes of the killed node survived SIGKILL"
+        sigkill_group(victim.process.pid)
 
         # Killed mid-job: still the victim's claim, nothing charged (else this proves nothing).
         (job,) = cluster.query("SELECT status, owner, attempt FROM jobs WHERE id = $1", job_id)
@@ -279,7 +188,7 @@ def test_a_node_killed_mid_job_leaves_the_job_to_the_other(cluster):
 
         # The lease runs out (5 s), the survivor's reaper (every 5 s) hands the job back, its
         # runner claims it and, the key now having a slot, runs it.
-        ended = _wait_ended(client, [survivor.base_url], [job_id], 180, [survivor])
+        ended = wait_jobs_ended(client, [survivor.base_url], [job_id], 180, [survivor])
         assert ended[job_id]["status"] == "succeeded", (ended, survivor.log_tail())
         result = client.get(f"{survivor.base_url}/v1/completion-jobs/{job_id}/result")
         assert result.status_code == 200, result.text
@@ -287,8 +196,8 @@ def test_a_node_killed_mid_job_leaves_the_job_to_the_other(cluster):
 
     (job,) = cluster.query("SELECT status, owner, attempt FROM jobs WHERE id = $1", job_id)
     assert job["attempt"] == 1
-    assert _owner_node(cluster, job["owner"]) is survivor
-    rows = _usage_rows(cluster, record["id"], 1)
+    assert cluster.owner_node(job["owner"]) is survivor
+    rows = cluster.usage_rows(record["id"], 1)
     assert [(r["request_id"], r["status"]) for r in rows] == [(job_id, 200)]
     assert (rows[0]["prompt_tokens"], rows[0]["completion_tokens"]) == (
         usage["prompt_tokens"],
