@@ -1,7 +1,8 @@
 """Two nodes of two models behind one database: each lists both models, answers the other's by
 forwarding (non-streamed, streamed, with capture; admitted and charged once, on the node that
-serves it), and when the serving node is killed mid-stream: the stream ends with an error frame,
-its model is not found at once and leaves the list, and its slot and Hold expire with the lease.
+serves it; a Loom branch and its replay), and when the serving node is killed mid-stream: the
+stream ends with an error frame, its model is not found at once and leaves the list, and its slot
+and Hold expire with the lease.
 
 Real nodes on PostgreSQL and Redis (tests/e2e/shared_nodes.py), a short heartbeat so that the
 registry's changes show within seconds.
@@ -132,6 +133,28 @@ def test_another_nodes_model_is_answered_by_forwarding_once(deployment):
         missing = client.post("/v1/completions", json={**body, "model": "nobody"})
         assert (missing.status_code, missing.json()["error"]["code"]) == (400, "model_not_found")
     assert node_a.metric("acs_forwarded_requests_total") >= 3
+
+
+def test_a_loom_branch_and_its_replay_for_another_nodes_model_are_answered_there(deployment):
+    """A replay names no model: the forwarder finds the one its Node recorded."""
+    (node_a, _), _ = deployment
+    auth = {"Authorization": f"Bearer {node_a.create_key('deployment-loom')}"}
+    wait_until(lambda: OTHER_ID in _ids(node_a), "the other model listed")
+    with httpx.Client(base_url=node_a.base_url, headers=auth, timeout=120) as client:
+        loom = client.post("/v1/looms", json={"prompt": "The sky is"})
+        assert loom.status_code == 201, loom.text
+        nodes = f"/v1/looms/{loom.json()['id']}/nodes"
+        root = loom.json()["nodes"][0]["id"]
+        body = {"model": OTHER_ID, "max_tokens": 4, "n": 1, "seed": 7, "temperature": 1.0}
+        branched = client.post(f"{nodes}/{root}/branch", json=body)
+        assert branched.status_code == 201, branched.text
+        (child,) = branched.json()["nodes"]
+        assert child["generation"]["model"] == OTHER_ID
+        forwarded = node_a.metric("acs_forwarded_requests_total")
+        replay = client.post(f"{nodes}/{child['id']}/replay")
+        assert replay.status_code == 200, replay.text  # here: 400 model_not_found
+        assert replay.json()["identical"] is True and replay.json()["text"] == child["text"]
+        assert node_a.metric("acs_forwarded_requests_total") == forwarded + 1
 
 
 def test_a_node_killed_mid_stream_cuts_the_stream_leaks_no_slot_and_leaves_the_list(deployment):
