@@ -81,11 +81,13 @@ class Settings:
     # vLLM's Prometheus `/metrics`, with the plugin's own series beside vLLM's.
     expose_metrics: bool = True
     # Completion jobs: unfinished jobs per key (`429 job_capacity`), jobs this process runs at
-    # once, how long a claimed job outlives a dead process, and runs before a job fails.
+    # once, how long a claimed job outlives a dead process, runs before a job fails, and
+    # `?wait=` reads one node holds at once before it answers `X-Acs-Longpoll: declined`.
     max_jobs_per_key: int = 1000
     job_concurrency: int = 32
     job_lease_ms: int = 30_000
     job_max_attempts: int = 3
+    job_long_polls: int = 1024
     # Harvests: where job files live (unset: `home`/files), prompts one harvest keeps in the
     # engine at once (interactive requests share the engine meanwhile), harvests not ended in
     # the deployment before a submit is refused (`429 harvest_capacity_exceeded`), harvests per

@@ -135,6 +135,54 @@ def test_the_result_is_202_with_retry_after_until_the_job_ends(acs_server):
     assert read(acs_server, key, job["id"], "/result").status_code == 200
 
 
+def test_a_long_poll_answers_when_the_job_ends(acs_server):
+    """`?wait=` holds the read until the job ends: /result gives the completion, the job's
+    GET its end; a cancel here wakes a waiting read at once."""
+    key = acs_server.create_key("jobs-long-poll", *FROZEN)
+    job = submit(acs_server, key, {**BODY, "max_tokens": 1}).json()
+    waiting: dict[str, httpx.Response] = {}
+    reader = threading.Thread(
+        target=lambda: waiting.update(result=read(acs_server, key, job["id"], "/result?wait=60"))
+    )
+    reader.start()
+    # Still held while the job cannot run (its key has no running slot).
+    until(lambda: read(acs_server, key, job["id"]).json()["started_at"], "the job was tried")
+    assert reader.is_alive()
+    acs_server.cli("keys", "set", key[:15], "--max-running", "1")
+    reader.join(timeout=60)
+    assert not reader.is_alive()
+    answer = waiting["result"]
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 1
+    assert "x-acs-longpoll" not in answer.headers
+    # An ended job's long-poll answers at once.
+    assert read(acs_server, key, job["id"], "?wait=60").json()["status"] == "succeeded"
+
+    acs_server.cli("keys", "set", key[:15], "--max-running", "0")
+    second = submit(acs_server, key, {**BODY, "max_tokens": 1}).json()
+    reader = threading.Thread(
+        target=lambda: waiting.update(job=read(acs_server, key, second["id"], "?wait=60"))
+    )
+    reader.start()
+    time.sleep(0.3)  # the read is parked (a cancel before it arrives is answered as well)
+    assert cancel(acs_server, key, second["id"]).status_code == 200
+    reader.join(timeout=10)
+    assert not reader.is_alive(), "the cancel did not wake the long-poll"
+    assert waiting["job"].json()["status"] == "cancelled"
+
+
+@pytest.mark.parametrize("wait", ["61", "-1", "1.5", "soon"])
+def test_a_long_poll_wait_outside_0_to_60_is_400(acs_server, api_key, wait):
+    job = submit(acs_server, api_key, {**BODY, "max_tokens": 1}).json()
+    for suffix in (f"?wait={wait}", f"/result?wait={wait}"):
+        refused = read(acs_server, api_key, job["id"], suffix)
+        assert refused.status_code == 400
+        assert (refused.json()["error"]["code"], refused.json()["error"]["param"]) == (
+            "invalid_request",
+            "wait",
+        )
+
+
 def test_a_resubmit_replays_the_first_answer(acs_server, api_key):
     body, idem = {**BODY, "max_tokens": 1}, f"same-{uuid.uuid4().hex}"
     first = submit(acs_server, api_key, body, idem)
@@ -298,10 +346,9 @@ def test_the_sdk_raises_the_envelopes_errors(openai_client):
 
 @pytest.fixture(scope="module")
 def small_node(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
-    """A node whose keys may each have 3 jobs not ended."""
-    with running_server(
-        tiny_model_dir, tmp_path_factory.mktemp("jobs-home"), env={"VLLM_ACS_MAX_JOBS_PER_KEY": "3"}
-    ) as server:
+    """A node whose keys may each have 3 jobs not ended, and that holds no long-poll."""
+    env = {"VLLM_ACS_MAX_JOBS_PER_KEY": "3", "VLLM_ACS_JOB_LONG_POLLS": "0"}
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("jobs-home"), env=env) as server:
         yield server
 
 
@@ -318,6 +365,11 @@ def test_job_capacity_per_key(small_node):
     assert submit(small_node, other, {**BODY, "max_tokens": 1}).status_code == 202
     assert cancel(small_node, key, jobs[0].json()["id"]).status_code == 200
     assert submit(small_node, key, {**BODY, "max_tokens": 1}).status_code == 202
+    # A node past its long-polls answers a `?wait=` read at once, saying so.
+    declined = read(small_node, key, jobs[1].json()["id"], "/result?wait=30")
+    assert declined.status_code == 202
+    assert declined.headers["x-acs-longpoll"] == "declined"
+    assert declined.headers["retry-after"] == "3"
     for job in jobs[1:]:
         cancel(small_node, key, job.json()["id"])
 

@@ -291,6 +291,24 @@ def test_cancel_queued_running_and_ended_jobs(database_url: str):
     _run(database_url, body)
 
 
+def test_ended_among_names_the_ended_and_the_missing_jobs(database_url: str):
+    async def body(repo: JobRepository, _engine: AsyncEngine) -> None:
+        queued = await repo.submit(new(), at(0))
+        running = await repo.submit(new(), at(1))
+        done = await repo.submit(new(), at(2))
+        cancelled = await repo.submit(new(), at(3))
+        assert await repo.claim("node-1", ["tiny"], at(4), 30) is not None  # `queued` runs
+        await repo.cancel(cancelled.id, None, at(4))
+        claimed = await repo.claim_many("node-1", ["tiny"], at(5), 30, limit=2)
+        assert [job.id for job in claimed] == [running.id, done.id]
+        assert await repo.finish(done.id, 0, "node-1", JobStatus.SUCCEEDED, at(6))
+        asked = [queued.id, running.id, done.id, cancelled.id, "job_gone"]
+        assert await repo.ended_among(asked) == sorted([done.id, cancelled.id, "job_gone"])
+        assert await repo.ended_among([]) == []
+
+    _run(database_url, body)
+
+
 def test_sweep_at_each_retention_boundary(database_url: str):
     day, tick = timedelta(days=1), timedelta(microseconds=1)
     nothing = SweepReport(0, 0, 0, 0)

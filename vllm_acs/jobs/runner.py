@@ -24,6 +24,7 @@ from ..metrics import JOB_RUNS, REAPED_JOBS, RUNNING_JOBS
 from ..states import JobStatus
 from ..storage.jobs import Job, JobRepository
 from .kinds import HandBack, JobKind, JobOutcome, Stopped
+from .watch import JobWatch
 
 logger = logging.getLogger(__name__)
 # How long a stopping server waits for its running jobs to hand themselves back.
@@ -66,6 +67,8 @@ class JobRunner:
         self.sweep_every_s = sweep_every_s
         self.clock = clock
         self.owner = owner or new_owner()
+        # Long-poll reads wait here for a job's end (woken at once for the jobs run here).
+        self.watch = JobWatch(repository.ended_among)
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._running: dict[str, asyncio.Event] = {}
@@ -110,6 +113,7 @@ class JobRunner:
         tasks = [*self._loops, *self._tasks]
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+        await self.watch.close()
 
     async def _claim_loop(self) -> None:
         while True:
@@ -193,6 +197,8 @@ class JobRunner:
         JOB_RUNS.labels(
             kind=job.kind, outcome=outcome.status.value if written else "fenced_out"
         ).inc()
+        if written:
+            self.watch.ended(job.id)
         if not written:
             logger.warning(
                 "job %s attempt %d: fenced out (cancelled, or handed to another owner); its "

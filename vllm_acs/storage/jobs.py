@@ -108,6 +108,16 @@ class JobRepository:
         async with self._engine.connect() as conn:
             return [job_from_row(row) for row in await conn.execute(query)]
 
+    async def ended_among(self, job_ids: Collection[str]) -> list[str]:
+        """Those of `job_ids` that have ended (or no longer exist), in one query."""
+        wanted = sorted(set(job_ids))
+        if not wanted:
+            return []
+        query = select(jobs.c.id).where(jobs.c.id.in_(wanted), jobs.c.status.in_(_ACTIVE))
+        async with self._engine.connect() as conn:
+            active = {row.id for row in await conn.execute(query)}
+        return [job_id for job_id in wanted if job_id not in active]
+
     async def count_unfinished(self, key_id: str) -> int:
         async with self._engine.connect() as conn:
             return await _count_unfinished(conn, key_id)

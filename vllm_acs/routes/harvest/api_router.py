@@ -13,28 +13,18 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ...errors import AcsError, InvalidRequest, RequestedRangeInvalid
+from ...errors import AcsError, RequestedRangeInvalid
 from ...storage.idempotency import IDEMPOTENCY_STATE_KEY, IdempotencyClaim
 from ..answers import principal_of, response_of
 from ..error_response import error_response
-from .service import DOWNLOADS_PATH, HARVEST_PATH, LONG_POLL_MAX_S, HarvestService
+from ..long_poll import wait_seconds
+from .service import DOWNLOADS_PATH, HARVEST_PATH, HarvestService
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
 def _base_url(request: Request) -> str:
     return f"{request.url.scheme}://{request.url.netloc}"
-
-
-def _wait(request: Request) -> int | None:
-    raw = request.query_params.get("wait")
-    if raw is None:
-        return None
-    if not raw.isdigit() or int(raw) > LONG_POLL_MAX_S:
-        raise InvalidRequest(
-            f"wait must be a whole number of seconds from 0 to {LONG_POLL_MAX_S}.", param="wait"
-        )
-    return int(raw)
 
 
 def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -77,7 +67,7 @@ def build_router(service: HarvestService) -> APIRouter:
     @router.get(HARVEST_PATH + "/{job_id}")
     async def read(request: Request, job_id: str) -> Response:
         try:
-            wait = _wait(request)
+            wait = wait_seconds(request)
             return response_of(
                 await service.read(job_id, principal_of(request), wait, _base_url(request))
             )

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from ...contract.harvest_request import HARVEST_BODY_LIMIT_BYTES, HarvestBody
+from ..long_poll import wait_param
 from ..openapi_parts import IDEMPOTENCY_KEY, JOB_ID, REF, RETRY, error_doc, json_doc
 from .protocol import HarvestJob, HarvestSubmitted
-from .service import DOWNLOADS_PATH, HARVEST_PATH, LONG_POLL_MAX_S
+from .service import DOWNLOADS_PATH, HARVEST_PATH
 
 
 def harvest_schemas() -> dict[str, Any]:
@@ -50,13 +51,7 @@ def _read() -> dict[str, Any]:
         "operationId": "getHarvest",
         "parameters": [
             JOB_ID,
-            {
-                "name": "wait",
-                "in": "query",
-                "required": False,
-                "description": "Hold the answer up to this many seconds until the status changes",
-                "schema": {"type": "integer", "minimum": 0, "maximum": LONG_POLL_MAX_S},
-            },
+            wait_param("Hold the answer up to this many seconds until the status changes"),
         ],
         "responses": {
             "200": json_doc(

@@ -45,14 +45,13 @@ from ...storage.files import FileNameError, FileStore, check_name
 from ...storage.idempotency import IdempotencyTarget, StoredAnswer
 from ...storage.jobs import Job, NewJob
 from ..answers import Answer
+from ..long_poll import DECLINED_HEADERS, LONG_POLL_MAX_S
 from .protocol import STATE_OF_JOB, HarvestError, HarvestJob, HarvestResult, HarvestSubmitted
 
 HARVEST_PATH = "/v1/harvest"
 DOWNLOADS_PATH = "/downloads"
 URL_LIFETIME = FILES_KEPT
-LONG_POLL_MAX_S = 60
 LONG_POLL_STEP_S = 0.5
-DECLINED_RETRY_S = 3
 PUBLIC_FILES = (MANIFEST, STATS)
 
 
@@ -216,7 +215,7 @@ class HarvestService:
         headers: dict[str, str] = {}
         if wait_s and not job.ended:
             if self.long_polls >= self.settings.harvest_long_polls:
-                headers = {"x-acs-longpoll": "declined", "retry-after": str(DECLINED_RETRY_S)}
+                headers = dict(DECLINED_HEADERS)
             else:
                 job = await self._wait_for_change(job, principal, wait_s)
         shown = await self.harvest_object(job, base_url)

@@ -1,4 +1,5 @@
-"""POST /v1/completion-jobs, GET /v1/completion-jobs/{id}, GET .../{id}/result, DELETE .../{id}.
+"""POST /v1/completion-jobs, GET /v1/completion-jobs/{id} and .../{id}/result (both `?wait=`),
+DELETE /v1/completion-jobs/{id}.
 
 API server process. Auth has put the principal on the request and the Idempotency middleware
 its claim (the key is required on the submit); every error is an `AcsError` in the envelope.
@@ -13,6 +14,7 @@ from ...errors import AcsError, InternalError
 from ...storage.idempotency import IDEMPOTENCY_STATE_KEY, IdempotencyClaim
 from ..answers import principal_of, response_of
 from ..error_response import error_response
+from ..long_poll import wait_seconds
 from .protocol import job_object
 from .service import JOBS_PATH, JobService
 
@@ -43,15 +45,16 @@ def build_router(service: JobService) -> APIRouter:
     @router.get(JOBS_PATH + "/{job_id}")
     async def read(request: Request, job_id: str) -> Response:
         try:
-            job = await service.get(job_id, principal_of(request))
-            return JSONResponse(job_object(job).model_dump())
+            wait = wait_seconds(request)
+            return response_of(await service.read(job_id, principal_of(request), wait))
         except AcsError as error:
             return error_response(request, error)
 
     @router.get(JOBS_PATH + "/{job_id}/result")
     async def result(request: Request, job_id: str) -> Response:
         try:
-            return response_of(await service.result(job_id, principal_of(request)))
+            wait = wait_seconds(request)
+            return response_of(await service.result(job_id, principal_of(request), wait))
         except AcsError as error:
             return error_response(request, error)
 

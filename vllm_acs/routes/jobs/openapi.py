@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..long_poll import wait_param
 from ..openapi_parts import IDEMPOTENCY_KEY_REQUIRED, JOB_ID, REF, RETRY, error_doc, json_doc
 from .protocol import CompletionJob
 from .service import JOBS_PATH
@@ -45,13 +46,18 @@ def _result() -> dict[str, Any]:
     stored = "The error the job's completion answered with (stored), or this route's own"
     responses: dict[str, Any] = {
         "200": json_doc("The completion, as it answered", "Completion"),
-        "202": json_doc("The job has not ended yet", "CompletionJob", "Retry-After"),
+        "202": json_doc(
+            "The job has not ended yet", "CompletionJob", "Retry-After", "X-Acs-Longpoll"
+        ),
     }
     for status in (400, 401, 403, 404, 429, 500, 502):
         responses[str(status)] = {**error_doc(status, *RETRY), "description": stored}
     return {
         "operationId": "getCompletionJobResult",
-        "parameters": [JOB_ID],
+        "parameters": [
+            JOB_ID,
+            wait_param("Hold the answer up to this many seconds until the job ends"),
+        ],
         "responses": responses,
     }
 
@@ -62,9 +68,18 @@ def job_paths() -> dict[str, Any]:
         JOBS_PATH + "/{job_id}": {
             "get": {
                 "operationId": "getCompletionJob",
-                "parameters": [JOB_ID],
+                "parameters": [
+                    JOB_ID,
+                    wait_param("Hold the answer up to this many seconds until the job ends"),
+                ],
                 "responses": {
-                    "200": json_doc("The job: status and timestamps", "CompletionJob"),
+                    "200": json_doc(
+                        "The job: status and timestamps",
+                        "CompletionJob",
+                        "X-Acs-Longpoll",
+                        "Retry-After",
+                    ),
+                    "400": error_doc(400, "x-should-retry"),
                     "401": error_doc(401),
                     "404": error_doc(404),
                     "500": error_doc(500),

@@ -33,6 +33,7 @@ from ...storage.errors import JobCapacityReached, StartsExhausted
 from ...storage.idempotency import IdempotencyTarget, StoredAnswer
 from ...storage.jobs import ATTEMPTS_EXHAUSTED, Job, NewJob
 from ..answers import Answer
+from ..long_poll import DECLINED_HEADERS
 from .protocol import job_object, queued_object
 
 JOBS_PATH = "/v1/completion-jobs"
@@ -118,13 +119,32 @@ class JobService:
             raise JobNotFound(f"No completion job {job_id!r} for this API key.", param="job_id")
         return job
 
-    async def result(self, job_id: str, principal: Principal) -> Answer:
-        job = await self.get(job_id, principal)
+    async def read(self, job_id: str, principal: Principal, wait_s: int | None) -> Answer:
+        """The job; with `wait_s`, held until it ends (or `wait_s` passes)."""
+        job, headers = await self._waited(job_id, principal, wait_s)
+        return Answer(200, job_object(job).model_dump(), headers)
+
+    async def result(self, job_id: str, principal: Principal, wait_s: int | None = None) -> Answer:
+        job, headers = await self._waited(job_id, principal, wait_s)
         if job.status in (JobStatus.QUEUED, JobStatus.RUNNING):
-            return Answer(202, job_object(job).model_dump(), {"retry-after": "1"})
+            return Answer(202, job_object(job).model_dump(), {"retry-after": "1", **headers})
         if job.result_status is None or job.result_body is None:
             raise _no_result(job)
         return Answer(job.result_status, job.result_body, {})
+
+    async def _waited(
+        self, job_id: str, principal: Principal, wait_s: int | None
+    ) -> tuple[Job, dict[str, str]]:
+        """The job once it ended or `wait_s` passed, and the headers of a declined wait."""
+        job = await self.get(job_id, principal)
+        if not wait_s or job.ended or self.runner is None:
+            return job, {}
+        watch = self.runner.watch
+        if watch.waiting >= self.settings.job_long_polls:
+            return job, dict(DECLINED_HEADERS)
+        if await watch.wait_ended(job.id, wait_s):
+            job = await self.get(job_id, principal)
+        return job, {}
 
     async def cancel(self, job_id: str, principal: Principal) -> Job:
         before = await self.get(job_id, principal)
@@ -138,6 +158,7 @@ class JobService:
             )
         if self.runner is not None:
             self.runner.stop_job(job.id)
+            self.runner.watch.ended(job.id)
         return job
 
 
