@@ -40,6 +40,11 @@ http {{
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_buffering off;
+            # Bodies go to the node as they come, as in examples/deployment/nginx.conf: nothing is
+            # spooled to client_body (whose directory nginx's workers, `nobody` under a root
+            # master, cannot reach inside a test's private temp directory: a 500 for any body
+            # past the 16 KiB buffer, e.g. a harvest's).
+            proxy_request_buffering off;
             proxy_read_timeout {read_timeout_ms}ms;
         }}
     }}
