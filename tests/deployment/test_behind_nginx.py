@@ -1,0 +1,549 @@
+"""A deployment behind nginx behaves as one node, whichever node each request lands on: keys,
+budgets, limits, completion jobs, harvests (files fetched from SeaweedFS by presigned URLs) and
+Looms; the other model's requests are forwarded; a node killed mid-harvest leaves the harvest to
+the other node of its model, which resumes it after its last complete shard; the single node of
+a model killed takes its model out of the list.
+
+Three real nodes on one private PostgreSQL database and Redis prefix (tests/e2e/shared_nodes.py)
+with the SeaweedFS store: two of `tiny-llama`, one of `tiny-other`; nginx round-robin over all
+three (tests/nginx.py). Clients talk to nginx with the openai SDK where it can send the request,
+httpx elsewhere. Which node answered is read from each node's `acs_requests_total`: nginx hands
+consecutive requests of one client to the nodes in turn, so a request sent once per node lands
+on every node. The two kills come last (each takes a node away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from openai import OpenAI
+from safetensors.torch import load
+
+from tests.e2e.access_load import BODY, COST, burst, spent, tally
+from tests.e2e.jobs_client import submit_job, wait_harvest_ended, wait_jobs_ended
+from tests.e2e.shared_nodes import Cluster, node_logs, shared_nodes
+from tests.harness import CHECKPOINT, MODEL_ID, ServerProcess, sigkill_group, wait_until
+from tests.nginx import Nginx, running_nginx
+from vllm_acs.client import decode_residual_stream, download_harvest
+
+pytestmark = pytest.mark.e2e
+
+OTHER_ID = "tiny-other"
+OTHER_CHECKPOINT = "vllm-acs/tiny-other"
+HEARTBEAT_MS = 500
+# A silent node leaves the list after this; long enough that a stall of three nodes on two
+# cores does not drop a live one.
+TTL_MS = 5000
+# Slots and Holds (Redis): renewed every third; nothing here waits for one to expire.
+LEASE_MS = 10000
+# Jobs: a dead node's harvest is taken back within seconds (the runner renews every third; below
+# 4 s a loaded machine's stall loses healthy jobs, tests/e2e/test_jobs_shared.py).
+JOB_LEASE_MS = 5000
+HIDDEN = 128  # the tiny model's
+# The harvest killed mid-way: 60 shards of 4 prompts, 2 prompts in the engine at a time.
+KILL_PROMPTS, KILL_SHARD_SIZE, KILL_PROMPT_TOKENS = 240, 4, 60
+KILL_SHARDS = KILL_PROMPTS // KILL_SHARD_SIZE
+
+
+@dataclass
+class Deployment:
+    cluster: Cluster
+    proxy: Nginx
+    store_settings: Any  # Settings of the nodes' S3 store, to read the bucket
+    s3_endpoint: str
+
+    @property
+    def nodes(self) -> list[ServerProcess]:
+        return self.cluster.nodes
+
+    @property
+    def url(self) -> str:
+        """nginx's base URL."""
+        return self.proxy.base_url
+
+    @property
+    def other(self) -> ServerProcess:
+        return self.nodes[2]
+
+    def logs(self) -> str:
+        return node_logs(self.nodes)
+
+
+@pytest.fixture(scope="module")
+def deployment(seaweedfs, tiny_model_dir, tmp_path_factory) -> Iterator[Deployment]:
+    home = tmp_path_factory.mktemp("behind-nginx-home")
+    prefix = seaweedfs.prefix("nginx")
+    env = {
+        # One secret for every node, as docs/deployment.md says.
+        "VLLM_ACS_URL_SECRET": secrets.token_urlsafe(32),
+        "VLLM_ACS_REGISTRY_HEARTBEAT_MS": str(HEARTBEAT_MS),
+        "VLLM_ACS_REGISTRY_NODE_TTL_MS": str(TTL_MS),
+        "VLLM_ACS_LEASE_MS": str(LEASE_MS),
+        "VLLM_ACS_JOB_LEASE_MS": str(JOB_LEASE_MS),
+        # The harvest killed mid-way takes seconds: the kill lands inside it.
+        "VLLM_ACS_HARVEST_PROMPTS_IN_FLIGHT": "2",
+        **seaweedfs.env(prefix),
+    }
+    other = ({"VLLM_ACS_MODEL_ID": OTHER_ID}, ["--served-model-name", OTHER_CHECKPOINT])
+    per_node = [({}, []), ({}, []), other]
+    with shared_nodes(tiny_model_dir, home, env, per_node=per_node) as (nodes, database_url):
+        urls = [n.base_url for n in nodes]
+        with running_nginx(urls, home / "nginx", read_timeout_s=120) as proxy:
+            deployment = Deployment(
+                Cluster.of(nodes, database_url),
+                proxy,
+                seaweedfs.settings(prefix),
+                seaweedfs.endpoint,
+            )
+            # Every node has seen every other's heartbeat before the tests start.
+            key = nodes[0].create_key("nginx-registry")
+            for node in nodes:
+                wait_until(
+                    lambda node=node: _model_ids(node.base_url, key) == {MODEL_ID, OTHER_ID},
+                    f"both models listed on {node.base_url}",
+                )
+            yield deployment
+
+
+def _sdk(base_url: str, key: str) -> OpenAI:
+    """The official SDK; no retries (a retried 429 would hide what the server answered)."""
+    return OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def _model_ids(base_url: str, key: str) -> set[str]:
+    return {model.id for model in _sdk(base_url, key).models.list()}
+
+
+def _answered(nodes: list[ServerProcess], **labels: str) -> list[float]:
+    """How many answers each node has counted (`acs_requests_total` with these labels)."""
+    return [node.metric("acs_requests_total", **labels) for node in nodes]
+
+
+def _every_node_answered(before: list[float], after: list[float], what: str) -> None:
+    assert all(b > a for a, b in zip(before, after, strict=True)), (what, before, after)
+
+
+def _envelope(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """The spec's error envelope, with the request id of the answer's header."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error", "request_id"}, body
+    assert {"message", "type", "param", "code"} <= set(body["error"]), body
+    assert body["error"]["code"] == code, body
+    assert body["request_id"] == response.headers["x-request-id"]
+    return body["error"]
+
+
+def _rows_when(
+    read: Callable[[], list[dict[str, Any]]],
+    enough: Callable[[list[dict[str, Any]]], bool],
+    what: str,
+) -> list[dict[str, Any]]:
+    """`read()`'s rows once `enough` of them are there (the ledger writes off the response
+    path, a moment after the answer)."""
+    return wait_until(lambda: rows if enough(rows := read()) else None, what)
+
+
+def _bucket(deployment: Deployment, call: str, name: str) -> Any:
+    """`S3FileStore.<call>(name)` on the nodes' store."""
+    from vllm_acs.storage.files_s3 import S3FileStore
+
+    store = S3FileStore.from_settings(deployment.store_settings)
+    return asyncio.run(getattr(store, call)(name))
+
+
+def test_models_through_nginx_lists_both_models_on_every_node(deployment):
+    key = deployment.nodes[0].create_key("nginx-models")
+    before = _answered(deployment.nodes, route="/v1/models", status="200")
+    for _ in deployment.nodes:
+        assert _model_ids(deployment.url, key) == {MODEL_ID, OTHER_ID}
+    after = _answered(deployment.nodes, route="/v1/models", status="200")
+    _every_node_answered(before, after, "each node answered /v1/models")
+
+
+def test_keys_behave_as_on_one_node_whichever_node_answers(deployment):
+    nodes, url = deployment.nodes, deployment.url
+    bad = _sdk(url, "acs-bm-" + "x" * 43)
+    before = _answered(nodes, status="401")
+    for _ in nodes:
+        with pytest.raises(openai.AuthenticationError) as refused:
+            bad.completions.create(model=MODEL_ID, prompt="x", max_tokens=1)
+        error = _envelope(refused.value.response, 401, "invalid_api_key")
+        assert error["type"] == "authentication_error"
+        with pytest.raises(openai.AuthenticationError) as refused:
+            bad.models.list()
+        _envelope(refused.value.response, 401, "invalid_api_key")
+        for method, path, body in [
+            ("GET", "/v1/looms", None),
+            ("POST", "/v1/harvest", {"model": MODEL_ID, "prompts": ["x"], "layers": [0]}),
+            ("POST", "/v1/completions", {"model": OTHER_ID, "prompt": "x", "max_tokens": 1}),
+        ]:
+            answer = httpx.request(method, url + path, json=body, timeout=60)
+            _envelope(answer, 401, "missing_authorization")
+    _every_node_answered(before, _answered(nodes, status="401"), "each node answered 401s")
+
+    # A key made with the CLI works at once, on every node; revoked, it is refused at once.
+    record = nodes[0].create_key_record("nginx-keys")
+    good = _sdk(url, record["key"])
+    before = _answered(nodes, route="/v1/completions", status="200")
+    for _ in nodes:
+        answer = good.completions.create(model=MODEL_ID, prompt="The sky is", max_tokens=2)
+        assert answer.model == CHECKPOINT and len(answer.choices) == 1
+    after = _answered(nodes, route="/v1/completions", status="200")
+    _every_node_answered(before, after, "each node answered the new key")
+    nodes[2].cli("keys", "revoke", record["prefix"])
+    for _ in nodes:
+        with pytest.raises(openai.AuthenticationError) as refused:
+            good.completions.create(model=MODEL_ID, prompt="The sky is", max_tokens=2)
+        _envelope(refused.value.response, 401, "key_revoked")
+
+
+def test_the_other_model_sent_to_a_default_model_node_is_forwarded(deployment):
+    node_a, other = deployment.nodes[0], deployment.other
+    key = node_a.create_key("nginx-forwarded")
+    forwarder, serving = _sdk(node_a.base_url, key), _sdk(other.base_url, key)
+    forwarded_before = node_a.metric("acs_forwarded_requests_total")
+    ask = {"model": OTHER_ID, "prompt": "The sky is", "max_tokens": 6, "temperature": 0}
+    plain = forwarder.completions.create(**ask)
+    assert plain.model == OTHER_CHECKPOINT
+    assert plain.choices[0].text == serving.completions.create(**ask).choices[0].text
+    chunks = list(forwarder.completions.create(**ask, stream=True))
+    assert {chunk.model for chunk in chunks} == {OTHER_CHECKPOINT}
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
+    captured = forwarder.completions.create(
+        **{**ask, "max_tokens": 1}, extra_body={"output_residual_stream": [1]}
+    )
+    rows = decode_residual_stream(captured)
+    assert rows.shape == (1, 4, HIDDEN)  # 4 prompt tokens, one layer, from the serving node
+    assert node_a.metric("acs_forwarded_requests_total") >= forwarded_before + 3
+
+
+def test_a_budget_holds_exactly_across_the_nodes(deployment):
+    nodes, cluster = deployment.nodes, deployment.cluster
+    admitted, count = 8, 30
+    record = nodes[0].create_key_record(
+        "nginx-budget",
+        *("--monthly-tokens", str(admitted * COST), "--max-running", "64"),
+        *("--max-waiting", "64", "--starts-per-minute", "1000"),
+    )
+    answered_before = _answered(nodes, route="/v1/completions")
+    settled_before = [n.metric("acs_tokens_settled_total") for n in nodes]
+    forwarded_before = deployment.other.metric("acs_forwarded_requests_total")
+    responses = burst([deployment.url], record["key"], BODY, count)
+    assert tally(responses) == {"200": admitted, "budget_exceeded": count - admitted}
+    assert spent(responses) == admitted * COST
+    for refused in (r for r in responses if r.status_code != 200):
+        error = _envelope(refused, 429, "budget_exceeded")
+        assert "monthly" in error["message"].lower()
+        assert refused.headers["x-should-retry"] == "false"
+    # Landed on every node; the node of the other model forwarded its share and charged none.
+    after = _answered(nodes, route="/v1/completions")
+    _every_node_answered(answered_before, after, "each node took part of the burst")
+    assert deployment.other.metric("acs_forwarded_requests_total") > forwarded_before
+    settled = [
+        n.metric("acs_tokens_settled_total") - b for n, b in zip(nodes, settled_before, strict=True)
+    ]
+    assert settled[2] == 0 and sum(settled) == admitted * COST, settled
+    # The ledger and the durable counter agree with the answers.
+    rows = _rows_when(
+        lambda: cluster.query(
+            "SELECT status, prompt_tokens, completion_tokens FROM usage_rows WHERE key_id = $1",
+            record["id"],
+        ),
+        lambda rows: len([r for r in rows if r["status"] == 200]) >= admitted,
+        "a usage row per admitted request",
+    )
+    ok = [r for r in rows if r["status"] == 200]
+    assert len(ok) == admitted
+    assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows) == admitted * COST
+    (counter,) = cluster.query(
+        "SELECT coalesce(sum(used), 0) AS used FROM budget_counters WHERE counter LIKE $1",
+        f"key:{record['id']}:month:%",
+    )
+    assert counter["used"] == admitted * COST
+
+
+def test_a_running_limit_holds_across_the_nodes(deployment):
+    nodes, url = deployment.nodes, deployment.url
+    key = nodes[0].create_key("nginx-limits", "--max-running", "1", "--max-waiting", "0")
+    sdk = _sdk(url, key)
+    long = {"model": MODEL_ID, "prompt": "Once", "max_tokens": 1500}
+    with sdk.completions.create(**long, stream=True) as stream:
+        # Keep the iterator: the stream holds the key's only slot until it is closed.
+        chunks = iter(stream)
+        assert next(chunks).choices
+        before = _answered(nodes, status="429")
+        for _ in nodes:
+            with pytest.raises(openai.RateLimitError) as refused:
+                sdk.completions.create(model=MODEL_ID, prompt="x", max_tokens=1)
+            _envelope(refused.value.response, 429, "queue_full")
+            assert int(refused.value.response.headers["retry-after"]) >= 1
+        _every_node_answered(before, _answered(nodes, status="429"), "each node refused")
+    # The client left mid-stream: its slot is given back, whichever node held it.
+    wait_until(
+        lambda: (
+            httpx.post(
+                f"{url}/v1/completions",
+                json={"model": MODEL_ID, "prompt": "x", "max_tokens": 1},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=60,
+            ).status_code
+            == 200
+        ),
+        "the slot back after the stream closed",
+    )
+
+
+def test_completion_jobs_run_once_and_replay_whichever_node(deployment):
+    nodes, url, cluster = deployment.nodes, deployment.url, deployment.cluster
+    record = nodes[0].create_key_record("nginx-jobs")
+    auth = {"Authorization": f"Bearer {record['key']}"}
+    bodies = [
+        {"model": model, "prompt": f"Job {i} says", "max_tokens": 3, "temperature": 0}
+        for i, model in enumerate([MODEL_ID] * 4 + [OTHER_ID] * 2)
+    ]
+    with httpx.Client(headers=auth, timeout=120) as client:
+        ids = [submit_job(client, url, body, f"nginx-job-{i}") for i, body in enumerate(bodies)]
+        assert len(set(ids)) == len(ids)
+        # Each submit sent again once per node: the first answer, replayed wherever it lands.
+        before = _answered(nodes, route="/v1/completion-jobs", status="202")
+        for i, body in enumerate(bodies):
+            for _ in nodes:
+                again = client.post(
+                    f"{url}/v1/completion-jobs",
+                    json=body,
+                    headers={"Idempotency-Key": f"nginx-job-{i}"},
+                )
+                assert again.status_code == 202, again.text
+                assert again.headers["idempotent-replayed"] == "true"
+                assert again.json()["id"] == ids[i]
+        after = _answered(nodes, route="/v1/completion-jobs", status="202")
+        _every_node_answered(before, after, "each node replayed submits")
+        ended = wait_jobs_ended(client, [url], ids, 180, nodes)
+        assert Counter(job["status"] for job in ended.values()) == {"succeeded": len(ids)}
+        usage: dict[str, dict[str, int]] = {}
+        for job_id, body in zip(ids, bodies, strict=True):
+            result = client.get(f"{url}/v1/completion-jobs/{job_id}/result")
+            assert result.status_code == 200, result.text
+            wanted = CHECKPOINT if body["model"] == MODEL_ID else OTHER_CHECKPOINT
+            assert result.json()["model"] == wanted
+            usage[job_id] = result.json()["usage"]
+    # Each ran once: one usage row each, on its first attempt, by a node of its model.
+    rows = cluster.usage_rows(record["id"], len(ids))
+    assert Counter(r["request_id"] for r in rows) == Counter(ids)
+    for row in rows:
+        assert row["status"] == 200
+        assert row["completion_tokens"] == usage[row["request_id"]]["completion_tokens"]
+    jobs = {
+        row["id"]: row
+        for row in cluster.query(
+            "SELECT id, model, owner, attempt FROM jobs WHERE id = ANY($1)", ids
+        )
+    }
+    for job_id in ids:
+        job = jobs[job_id]
+        assert job["attempt"] == 0
+        owner = cluster.owner_node(job["owner"])
+        assert (owner is deployment.other) == (job["model"] == OTHER_ID), (job, owner.base_url)
+
+
+def _prompts(count: int, sizes: tuple[int, int], seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [
+        [int(t) for t in rng.integers(3, 1000, size=int(rng.integers(*sizes)))]
+        for _ in range(count)
+    ]
+
+
+def test_a_harvest_through_nginx_is_downloaded_from_the_store(deployment, tmp_path):
+    nodes, url = deployment.nodes, deployment.url
+    key = nodes[0].create_key("nginx-harvest")
+    auth = {"Authorization": f"Bearer {key}"}
+    prompts = _prompts(8, (2, 20), seed=13)
+    body = {"model": MODEL_ID, "prompts": prompts, "layers": [0, 2], "shard_size": 4}
+    with httpx.Client(base_url=url, headers=auth, timeout=120) as client:
+        submitted = client.post("/v1/harvest", json=body)
+        assert submitted.status_code == 202, submitted.text
+        job_id = submitted.json()["job_id"]
+        job = wait_harvest_ended(client, job_id, nodes, 180)
+    assert job["status"] == "done", (job, deployment.logs())
+    result = job["result"]
+    assert result["n_shards"] == 2
+    # The store's presigned GETs, not the node's /downloads: downloads never pass a node.
+    for file_url in [result["manifest_url"], result["stats_url"], *result["shard_urls"]]:
+        parts = urlsplit(file_url)
+        assert f"{parts.scheme}://{parts.netloc}" == deployment.s3_endpoint, file_url
+        assert not parts.path.startswith("/downloads")
+        query = parse_qs(parts.query)
+        assert query["X-Amz-Algorithm"] == ["AWS4-HMAC-SHA256"] and query["X-Amz-Signature"]
+    files = download_harvest(job, tmp_path)
+    seen = {}
+    for index, rows, tokens in files.prompts():
+        seen[index] = tokens.tolist()
+        assert tuple(rows.shape) == (2, len(prompts[index]), HIDDEN)
+    assert seen == dict(enumerate(prompts))
+    # Plain safetensors: each shard's token tensors have the prompts' token counts.
+    counts = {}
+    for path in files.shard_paths:
+        shard = load(path.read_bytes())
+        counts.update({int(n.split("_")[1]): t.numel() for n, t in shard.items() if "tokens" in n})
+    assert counts == {i: len(p) for i, p in enumerate(prompts)}
+    for shard in files.manifest["shards"]:
+        indices = range(shard["first_prompt"], shard["last_prompt"] + 1)
+        assert shard["n_tokens"] == sum(len(prompts[i]) for i in indices)
+    # Every node reads the same harvest.
+    for node in nodes:
+        read = httpx.get(f"{node.base_url}/v1/harvest/{job_id}", headers=auth, timeout=60)
+        assert read.status_code == 200, read.text
+        assert read.json()["status"] == "done"
+        names = [urlsplit(u).path.rsplit("/", 1)[-1] for u in read.json()["result"]["shard_urls"]]
+        assert names == ["shard_00000.safetensors", "shard_00001.safetensors"]
+
+
+def test_a_loom_grows_and_reads_the_same_on_every_node(deployment):
+    nodes, url = deployment.nodes, deployment.url
+    node_a = nodes[0]
+    key = node_a.create_key("nginx-looms")
+    auth = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=url, headers=auth, timeout=120) as client:
+        made = client.post("/v1/looms", json={"prompt": "The sky is", "title": "behind nginx"})
+        assert made.status_code == 201, made.text
+        loom_id, root = made.json()["id"], made.json()["nodes"][0]["id"]
+        branch_path = f"/v1/looms/{loom_id}/nodes/{root}/branch"
+        own = client.post(branch_path, json={"model": MODEL_ID, "max_tokens": 4, "n": 2})
+        assert own.status_code == 201, own.text
+        # The other model's branch sent to a node of the default model: forwarded.
+        forwarded_before = node_a.metric("acs_forwarded_requests_total")
+        theirs = httpx.post(
+            node_a.base_url + branch_path,
+            json={"model": OTHER_ID, "max_tokens": 4, "n": 1},
+            headers=auth,
+            timeout=120,
+        )
+        assert theirs.status_code == 201, theirs.text
+        assert node_a.metric("acs_forwarded_requests_total") > forwarded_before
+        made_nodes = [*own.json()["nodes"], *theirs.json()["nodes"]]
+        models = [n["generation"]["model"] for n in made_nodes]
+        assert models == [MODEL_ID, MODEL_ID, OTHER_ID]
+        made_ids = [n["id"] for n in made_nodes]
+        # Read back from every node, and through nginx.
+        for base in [n.base_url for n in nodes] + [url]:
+            read = httpx.get(f"{base}/v1/looms/{loom_id}", headers=auth, timeout=60)
+            assert read.status_code == 200, read.text
+            tree = {n["id"]: n for n in read.json()["nodes"]}
+            assert tree[root]["children"] == made_ids
+            for made_node in made_nodes:
+                stored = tree[made_node["id"]]
+                assert (stored["status"], stored["text"]) == ("ready", made_node["text"])
+        # Each child reproduces from what it recorded, whichever node replays it.
+        for child in made_nodes:
+            for _ in nodes:
+                replay = client.post(f"/v1/looms/{loom_id}/nodes/{child['id']}/replay")
+                assert replay.status_code == 200, replay.text
+                assert replay.json()["identical"] is True, replay.json()
+            text = client.get(f"/v1/looms/{loom_id}/nodes/{child['id']}/text")
+            assert text.text == "The sky is" + child["text"]
+
+
+def test_a_node_killed_mid_harvest_leaves_it_to_the_other_node_of_its_model(deployment):
+    # Near the end: the killed node stays down.
+    nodes, url, cluster = deployment.nodes, deployment.url, deployment.cluster
+    record = nodes[0].create_key_record("nginx-harvest-kill")
+    auth = {"Authorization": f"Bearer {record['key']}"}
+    rng = np.random.default_rng(11)
+    prompts = [
+        [int(t) for t in rng.integers(3, 1000, size=KILL_PROMPT_TOKENS)]
+        for _ in range(KILL_PROMPTS)
+    ]
+    body = {"model": MODEL_ID, "prompts": prompts, "layers": [1, 3], "shard_size": KILL_SHARD_SIZE}
+    with httpx.Client(base_url=url, headers=auth, timeout=120) as client:
+        submitted = client.post("/v1/harvest", json=body)
+        assert submitted.status_code == 202, submitted.text
+        job_id = submitted.json()["job_id"]
+        prefix = f"harvests/{job_id}"
+
+        def listed_shards() -> int:
+            try:
+                manifest = json.loads(_bucket(deployment, "read", f"{prefix}/manifest.json"))
+            except FileNotFoundError:
+                return 0
+            return len(manifest["shards"])
+
+        wait_until(lambda: listed_shards() >= 2, "two shards listed", 120, every_s=0.05)
+        (job,) = cluster.query("SELECT status, owner, attempt FROM jobs WHERE id = $1", job_id)
+        assert (job["status"], job["attempt"]) == ("running", 0), job
+        victim = cluster.owner_node(job["owner"])
+        assert victim in nodes[:2]
+        (survivor,) = [n for n in nodes[:2] if n is not victim]
+        sigkill_group(victim.process.pid)
+
+        # Killed mid-harvest: some shards complete, not all (else this proves nothing).
+        at_kill = json.loads(_bucket(deployment, "read", f"{prefix}/manifest.json"))
+        assert at_kill["complete"] is False
+        done_at_kill = len(at_kill["shards"])
+        assert 2 <= done_at_kill < KILL_SHARDS, done_at_kill
+        first_written = _bucket(deployment, "modified_at", f"{prefix}/shard_00000.safetensors")
+        assert first_written is not None
+
+        # Through nginx still (the dead node is skipped): the survivor takes it back.
+        job = wait_harvest_ended(client, job_id, [survivor], 300)
+    assert job["status"] == "done", (job, survivor.log_tail())
+    assert job["result"]["n_shards"] == KILL_SHARDS
+    log = survivor.log_path.read_text()
+    assert f"harvest {job_id} resumes after shard {done_at_kill - 1}" in log, survivor.log_tail()
+    assert f"harvest {job_id} wrote shard_{done_at_kill:05d}.safetensors" in log
+    assert f"harvest {job_id} wrote shard_{0:05d}.safetensors" not in log
+    # Shard 0 is the killed node's, not rewritten.
+    assert _bucket(deployment, "modified_at", f"{prefix}/shard_00000.safetensors") == first_written
+    (job_row,) = cluster.query("SELECT owner, attempt FROM jobs WHERE id = $1", job_id)
+    assert job_row["attempt"] == 1
+    assert cluster.owner_node(job_row["owner"]) is survivor
+    # Every shard charged once: one usage row each, the prompts' tokens in all.
+    rows = _rows_when(
+        lambda: cluster.query(
+            "SELECT request_id, prompt_tokens FROM usage_rows WHERE request_id LIKE $1",
+            f"{job_id}-shard-%",
+        ),
+        lambda rows: len(rows) >= KILL_SHARDS,
+        "a usage row per shard",
+    )
+    assert sorted(r["request_id"] for r in rows) == [
+        f"{job_id}-shard-{n:05d}" for n in range(KILL_SHARDS)
+    ]
+    assert sum(r["prompt_tokens"] for r in rows) == KILL_PROMPTS * KILL_PROMPT_TOKENS
+
+
+def test_the_single_node_of_a_model_killed_takes_its_model_out(deployment):
+    # Last: the only node of `tiny-other` goes.
+    url, other = deployment.url, deployment.other
+    key = deployment.nodes[0].create_key("nginx-model-gone")  # the CLI: any node's settings
+    sdk = _sdk(url, key)
+    assert _model_ids(url, key) == {MODEL_ID, OTHER_ID}
+    sigkill_group(other.process.pid)
+    # Its requests answer model_not_found at once (a failed connection ejects the node) ...
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.completions.create(model=OTHER_ID, prompt="x", max_tokens=1)
+    _envelope(refused.value.response, 400, "model_not_found")
+    # ... and its model leaves the list once its heartbeat is older than the TTL.
+    wait_until(
+        lambda: _model_ids(url, key) == {MODEL_ID},
+        "the dead node's model left the list",
+        TTL_MS / 1000 + 10,
+    )
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.completions.create(model=OTHER_ID, prompt="x", max_tokens=1, stream=stream)
+        _envelope(refused.value.response, 400, "model_not_found")
+    # The other model is still served.
+    assert sdk.completions.create(model=MODEL_ID, prompt="x", max_tokens=1).choices
