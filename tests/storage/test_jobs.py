@@ -21,6 +21,7 @@ from vllm_acs.storage.errors import IdempotencyRecordLost, JobCapacityReached
 from vllm_acs.storage.idempotency import Existing, IdempotencyRecords, IdempotencyTarget, Reserved
 from vllm_acs.storage.jobs import (
     ATTEMPTS_EXHAUSTED,
+    JobEnd,
     JobRepository,
     NewJob,
     StoredAnswer,
@@ -287,6 +288,33 @@ def test_cancel_queued_running_and_ended_jobs(database_url: str):
         assert unchanged == await repo.get(ended.id)
         assert await repo.count_unfinished("key_a") == 0
         assert await repo.reap(at(1000)) == []
+
+    _run(database_url, body)
+
+
+def test_finish_many_fences_each_end_on_its_own(database_url: str):
+    async def body(repo: JobRepository, _engine: AsyncEngine) -> None:
+        first, second, third = [await repo.submit(new(), at(i)) for i in range(3)]
+        claimed = await repo.claim_many("node-1", ["tiny"], at(3), 30, limit=3)
+        assert [job.id for job in claimed] == [first.id, second.id, third.id]
+        await repo.cancel(second.id, None, at(4))  # its owner's end is fenced out
+        ends = [
+            JobEnd(first.id, 0, "node-1", JobStatus.SUCCEEDED, 200, '{"ok": 1}'),
+            JobEnd(second.id, 0, "node-1", JobStatus.SUCCEEDED, 200, '{"ok": 2}'),
+            JobEnd(third.id, 0, "node-2", JobStatus.FAILED, 429, "{}", "budget_exceeded"),
+        ]
+        assert await repo.finish_many(ends, at(5)) == [True, False, False]
+        done = await repo.get(first.id)
+        assert (done.status, done.result_body, done.finished_at) == (
+            JobStatus.SUCCEEDED,
+            '{"ok": 1}',
+            at(5),
+        )
+        assert (await repo.get(second.id)).status is JobStatus.CANCELLED
+        assert (await repo.get(third.id)).status is JobStatus.RUNNING  # not node-2's
+        with pytest.raises(IllegalTransition):
+            await repo.finish_many([JobEnd(third.id, 0, "node-1", JobStatus.QUEUED)], at(6))
+        assert await repo.finish_many([], at(6)) == []
 
     _run(database_url, body)
 

@@ -22,7 +22,8 @@ from datetime import datetime, timedelta, timezone
 from ..errors import InternalError, error_body
 from ..metrics import JOB_RUNS, REAPED_JOBS, RUNNING_JOBS
 from ..states import JobStatus
-from ..storage.jobs import Job, JobRepository
+from ..storage.jobs import Job, JobEnd, JobRepository
+from .end_writer import EndWriter
 from .kinds import HandBack, JobKind, JobOutcome, Stopped
 from .watch import JobWatch
 
@@ -69,6 +70,8 @@ class JobRunner:
         self.owner = owner or new_owner()
         # Long-poll reads wait here for a job's end (woken at once for the jobs run here).
         self.watch = JobWatch(repository.ended_among)
+        # Ends arriving together are written in one transaction.
+        self._ends = EndWriter(repository, clock)
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._running: dict[str, asyncio.Event] = {}
@@ -113,6 +116,7 @@ class JobRunner:
         tasks = [*self._loops, *self._tasks]
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+        await self._ends.close()
         await self.watch.close()
 
     async def _claim_loop(self) -> None:
@@ -176,30 +180,30 @@ class JobRunner:
             )
 
     async def _record(self, job: Job, outcome: JobOutcome | HandBack | Stopped) -> None:
-        now = self.clock()
         if isinstance(outcome, Stopped | HandBack):
+            now = self.clock()
             # Stopped here: the server is stopping, another process (or its restart) takes it.
             delay = outcome.delay_s if isinstance(outcome, HandBack) else 0.0
             later = now + timedelta(seconds=delay)
             await self.repository.hand_back(job.id, job.attempt, self.owner, now, later)
             JOB_RUNS.labels(kind=job.kind, outcome="handed_back").inc()
             return
-        written = await self.repository.finish(
+        end = JobEnd(
             job.id,
             job.attempt,
             self.owner,
             outcome.status,
-            now,
             result_status=outcome.result_status,
             result_body=outcome.result_body,
             error_code=outcome.error_code,
         )
+        written = await self._ends.write(end)
         JOB_RUNS.labels(
             kind=job.kind, outcome=outcome.status.value if written else "fenced_out"
         ).inc()
         if written:
             self.watch.ended(job.id)
-        if not written:
+        else:
             logger.warning(
                 "job %s attempt %d: fenced out (cancelled, or handed to another owner); its "
                 "result was not written",

@@ -5,7 +5,8 @@ Times are the caller's `now`; a lease holder's writes are fenced on (id, attempt
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -23,6 +24,7 @@ from .transactions import serialize_per_key, utc, write_transaction
 __all__ = [
     "ATTEMPTS_EXHAUSTED",
     "Job",
+    "JobEnd",
     "JobRepository",
     "NewJob",
     "StoredAnswer",
@@ -31,6 +33,21 @@ __all__ = [
 ]
 
 ATTEMPTS_EXHAUSTED = "job_attempts_exhausted"
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a running job ended, for `finish_many`: fenced on (job_id, attempt, owner)."""
+
+    job_id: str
+    attempt: int
+    owner: str
+    status: JobStatus
+    result_status: int | None = None
+    result_body: str | None = None
+    error_code: str | None = None
+
+
 _ACTIVE = sorted(s.value for s in ACTIVE)
 _TIME = jobs.c.created_at.type
 
@@ -185,11 +202,12 @@ class JobRepository:
         claimed = [job_from_row(row) for row in rows]
         return sorted(claimed, key=lambda job: (job.created_at, job.id))
 
-    async def _fenced(
-        self, job_id: str, attempt: int, owner: str, now: datetime, values: dict[str, Any]
-    ) -> bool:
+    @staticmethod
+    def _fenced_update(
+        job_id: str, attempt: int, owner: str, now: datetime, values: dict[str, Any]
+    ) -> Any:
         c = jobs.c
-        statement = (
+        return (
             update(jobs)
             .where(
                 c.id == job_id,
@@ -199,6 +217,11 @@ class JobRepository:
             )
             .values(updated_at=now, **values)
         )
+
+    async def _fenced(
+        self, job_id: str, attempt: int, owner: str, now: datetime, values: dict[str, Any]
+    ) -> bool:
+        statement = self._fenced_update(job_id, attempt, owner, now, values)
         async with write_transaction(self._engine) as conn:
             return (await conn.execute(statement)).rowcount == 1
 
@@ -224,24 +247,37 @@ class JobRepository:
         error_code: str | None = None,
     ) -> bool:
         """Ends a running job we hold; False (nothing changed) for a stale or resurrected owner."""
-        status = JobStatus(status)
-        if not can_move(JobStatus.RUNNING, status) or status not in TERMINAL:
-            raise IllegalTransition(JobStatus.RUNNING, status)
+        end = JobEnd(job_id, attempt, owner, status, result_status, result_body, error_code)
+        return (await self.finish_many([end], now))[0]
+
+    async def finish_many(self, ends: Sequence[JobEnd], now: datetime) -> list[bool]:
+        """`finish` for several jobs in one transaction (a busy runner's ends, written together):
+        each fenced on its own, so each answer is that job's alone."""
+        for end in ends:
+            if not can_move(JobStatus.RUNNING, end.status) or end.status not in TERMINAL:
+                raise IllegalTransition(JobStatus.RUNNING, end.status)
         now = utc(now)
-        return await self._fenced(
-            job_id,
-            attempt,
-            owner,
-            now,
-            {
-                "status": status.value,
-                "finished_at": now,
-                "lease_expires_at": None,
-                "result_status": result_status,
-                "result_body": result_body,
-                "error_code": error_code,
-            },
-        )
+        statements = [
+            self._fenced_update(
+                end.job_id,
+                end.attempt,
+                end.owner,
+                now,
+                {
+                    "status": JobStatus(end.status).value,
+                    "finished_at": now,
+                    "lease_expires_at": None,
+                    "result_status": end.result_status,
+                    "result_body": end.result_body,
+                    "error_code": end.error_code,
+                },
+            )
+            for end in ends
+        ]
+        if not statements:
+            return []
+        async with write_transaction(self._engine) as conn:
+            return [(await conn.execute(statement)).rowcount == 1 for statement in statements]
 
     async def hand_back(
         self, job_id: str, attempt: int, owner: str, now: datetime, not_before: datetime
