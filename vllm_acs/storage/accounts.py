@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .errors import ConflictError, NotFoundError
 from .tables import accounts
+from .transactions import write_transaction
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class AccountRepository:
             "created_at": datetime.now(timezone.utc),
         }
         try:
-            async with self._engine.begin() as conn:
+            async with write_transaction(self._engine) as conn:
                 await conn.execute(accounts.insert().values(**values))
         except IntegrityError:
             raise ConflictError(f"an account named {name!r} exists already") from None
@@ -89,7 +90,7 @@ class AccountRepository:
 
     async def update(self, ref: str, **values: Any) -> Account:
         account = await self.get(ref)
-        async with self._engine.begin() as conn:
+        async with write_transaction(self._engine) as conn:
             await conn.execute(update(accounts).where(accounts.c.id == account.id).values(**values))
         return await self.get(account.id)
 

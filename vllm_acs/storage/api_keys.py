@@ -21,6 +21,7 @@ from ..principal import KEY_LIMIT_FIELDS, SCOPES
 from .api_key_secret import hash_secret, new_secret, visible_prefix
 from .errors import ConflictError, NotFoundError
 from .tables import accounts, api_keys
+from .transactions import write_transaction
 
 KEY_STATES = ("active", "paused", "revoked")
 
@@ -112,7 +113,7 @@ class KeyRepository:
                 **{f: limits.get(f) for f in KEY_LIMIT_FIELDS},
             }
             try:
-                async with self._engine.begin() as conn:
+                async with write_transaction(self._engine) as conn:
                     await conn.execute(api_keys.insert().values(**values))
             except IntegrityError as error:
                 if "prefix" not in str(error.orig).lower():
@@ -144,7 +145,7 @@ class KeyRepository:
         key = await self.get(ref)
         if key.state == "revoked" and "state" in values:
             raise ConflictError(f"key {key.prefix} is revoked; revoking is permanent")
-        async with self._engine.begin() as conn:
+        async with write_transaction(self._engine) as conn:
             await conn.execute(update(api_keys).where(api_keys.c.id == key.id).values(**values))
         return await self.get(key.id)
 

@@ -13,7 +13,6 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -34,19 +33,10 @@ from .ledger import UsageLedger
 from .looms import LoomRepository
 from .migrate import current_revision, head_revision, upgrade
 from .registry import RegistryRepository
+from .sqlite_writes import dispose_inline, sqlite_pragmas
 from .usage import UsageRepository, UsageRow
 
 logger = logging.getLogger(__name__)
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    # WAL lets the CLI write while the server reads; the busy timeout waits out short locks.
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=10000")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
 
 
 def create_engine(url: str) -> AsyncEngine:
@@ -55,7 +45,7 @@ def create_engine(url: str) -> AsyncEngine:
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url)
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         return engine
     # Bounded waits: a database that does not answer is an outage (503 db_pool_exhausted),
     # not a request that hangs (asyncpg's connect timeout, a pool checkout timeout).
@@ -106,6 +96,7 @@ class Storage:
         await self.ledger.close()
         await self.counters.close()
         await self.keys.close()
+        dispose_inline(self.engine)
         await self.engine.dispose()
 
 

@@ -11,9 +11,12 @@ import contextlib
 import weakref
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
+from typing import Any
 
 from sqlalchemy import Engine, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .sqlite_writes import InlineConnection, inline_engine
 
 # The two-key advisory lock space does not overlap the one-key space of the migration lock.
 _KEY_LOCK_SPACE = 7356124
@@ -26,22 +29,24 @@ _SQLITE_WRITERS = weakref.WeakKeyDictionary()
 
 
 @contextlib.asynccontextmanager
-async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """One transaction that commits on success.
+async def write_transaction(engine: AsyncEngine) -> AsyncIterator[Any]:
+    """One transaction that commits on success (an `AsyncConnection`, or on SQLite an
+    `InlineConnection` that offers the same `execute`).
 
     On SQLite it is `BEGIN IMMEDIATE`: a deferred transaction that reads before it writes fails
     with SQLITE_BUSY when another writer went first (WAL), instead of waiting out the busy timeout.
-    And the writers of this process take their turns on an asyncio lock before they take a pooled
-    connection: SQLite has one write lock, and writers contending for it inside SQLite wait in its
-    busy handler's sleeps (up to 100 ms each), which leave the lock idle while work queues up.
-    Other processes (the CLI) still meet the busy timeout."""
+    The writers of this process take their turns on an asyncio lock first: SQLite has one write
+    lock, and writers contending for it inside SQLite wait in its busy handler's sleeps (up to
+    100 ms each), which leave the lock idle while work queues up; and the transaction's
+    statements run inline (`sqlite_writes`), so the lock is held for the SQL's own time. Other
+    processes (the CLI) still meet the busy timeout."""
     if engine.dialect.name != "sqlite":
         async with engine.begin() as conn:
             yield conn
         return
-    async with _sqlite_writer_lock(engine), engine.begin() as conn:
-        await conn.exec_driver_sql("BEGIN IMMEDIATE")
-        yield conn
+    async with _sqlite_writer_lock(engine):
+        with inline_engine(engine).begin() as conn:
+            yield InlineConnection(conn)
 
 
 def _sqlite_writer_lock(engine: AsyncEngine) -> asyncio.Lock:
@@ -55,7 +60,7 @@ def _sqlite_writer_lock(engine: AsyncEngine) -> asyncio.Lock:
     return lock
 
 
-async def serialize_per_key(conn: AsyncConnection, key_id: str) -> None:
+async def serialize_per_key(conn: Any, key_id: str) -> None:
     """Makes the rest of this transaction exclusive per API key, so a count then insert is exact.
 
     PostgreSQL: a transaction-level advisory lock on the key. SQLite needs nothing more: the
