@@ -187,6 +187,7 @@ class AcsEndpointPlugin:
             self.registry,
             self.forwarding_client,
             self.storage.looms.recorded_model,
+            default_model=self.storage.settings.default_model,
         )
 
     async def _start_registry(self, settings: Settings, args: Namespace) -> None:
@@ -202,10 +203,11 @@ class AcsEndpointPlugin:
             self.storage.registry,
             new_owner(),
             address,
-            self.models.default,
+            self.models.own,
             heartbeat_s=settings.registry_heartbeat_ms / 1000,
             ttl_s=settings.registry_node_ttl_ms / 1000,
             clock=utc_now,
+            default_model=settings.default_model,
         )
         await self.registry.start()
 
@@ -273,7 +275,7 @@ class AcsEndpointPlugin:
         def model() -> HarvestModel:
             import vllm
 
-            served = self.models.default()
+            served = self.models.own()
             assert served is not None
             return HarvestModel(
                 id=served.id,

@@ -65,4 +65,9 @@ class NodeModels:
         return self._models.get(model_id)
 
     def default(self) -> ServedModel | None:
+        """The model a request without `model` means, when this node serves it."""
         return next((m for m in self._models.values() if m.default), None)
+
+    def own(self) -> ServedModel | None:
+        """The model this node serves (what it announces to the deployment)."""
+        return next(iter(self._models.values()), None)

@@ -30,6 +30,10 @@ def _default_home() -> Path:
 class Settings:
     # The short id clients send as `model` (e.g. `llama-8b`); default: derived from the checkpoint.
     model_id: str | None = None
+    # The short id a request without `model` means, and the one `default: true` in /v1/models:
+    # every node of a deployment sets the same (a node of another model forwards such requests
+    # to a node of it). Unset: this node's own model (one node, or one model).
+    default_model: str | None = None
     # The operator's description of the hardware (`X-Acs-Upstream-Gpu`, `gpu_shape` in /v1/models);
     # default: detected from vLLM's platform when the server starts.
     gpu_shape: str | None = None

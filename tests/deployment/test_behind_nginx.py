@@ -93,6 +93,8 @@ def deployment(seaweedfs, tiny_model_dir, tmp_path_factory) -> Iterator[Deployme
         "VLLM_ACS_JOB_LEASE_MS": str(JOB_LEASE_MS),
         # The harvest killed mid-way takes seconds: the kill lands inside it.
         "VLLM_ACS_HARVEST_PROMPTS_IN_FLIGHT": "2",
+        # A request without `model` means the single node's model, whichever node it reaches.
+        "VLLM_ACS_DEFAULT_MODEL": OTHER_ID,
         **seaweedfs.env(prefix),
     }
     other = ({"VLLM_ACS_MODEL_ID": OTHER_ID}, ["--served-model-name", OTHER_CHECKPOINT])
@@ -170,6 +172,35 @@ def test_models_through_nginx_lists_both_models_on_every_node(deployment):
         assert _model_ids(deployment.url, key) == {MODEL_ID, OTHER_ID}
     after = _answered(deployment.nodes, route="/v1/models", status="200")
     _every_node_answered(before, after, "each node answered /v1/models")
+
+
+def test_a_request_without_model_means_the_deployments_default_on_every_node(deployment):
+    key = deployment.nodes[0].create_key("nginx-default")
+    auth = {"Authorization": f"Bearer {key}"}
+    for node in deployment.nodes:
+        cards = httpx.get(f"{node.base_url}/v1/models", headers=auth, timeout=60).json()["data"]
+        assert {card["id"]: card["default"] for card in cards} == {MODEL_ID: False, OTHER_ID: True}
+    forwarders = deployment.nodes[:2]
+    before = [node.metric("acs_forwarded_requests_total") for node in forwarders]
+    for _ in deployment.nodes:
+        answer = httpx.post(
+            f"{deployment.url}/v1/completions",
+            json={"prompt": "The sky is", "max_tokens": 2},
+            headers=auth,
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == OTHER_CHECKPOINT
+        job = httpx.post(
+            f"{deployment.url}/v1/completion-jobs",
+            json={"prompt": "The sky is", "max_tokens": 1},
+            headers={**auth, "Idempotency-Key": f"default-{secrets.token_hex(8)}"},
+            timeout=60,
+        )
+        assert (job.status_code, job.json()["model"]) == (202, OTHER_ID), job.text
+    # The nodes of the other model forwarded what reached them to the default's node.
+    after = [node.metric("acs_forwarded_requests_total") for node in forwarders]
+    assert all(b > a for a, b in zip(before, after, strict=True)), (before, after)
 
 
 def test_keys_behave_as_on_one_node_whichever_node_answers(deployment):
@@ -278,7 +309,9 @@ def test_a_running_limit_holds_across_the_nodes(deployment):
     nodes, url = deployment.nodes, deployment.url
     key = nodes[0].create_key("nginx-limits", "--max-running", "1", "--max-waiting", "0")
     sdk = _sdk(url, key)
-    long = {"model": MODEL_ID, "prompt": "Once", "max_tokens": 1500}
+    # Four choices of 2,000 tokens: long enough to outlast the three refusals on an idle
+    # machine (one choice of 1,500 tokens once ended before the last of them arrived).
+    long = {"model": MODEL_ID, "prompt": "Once", "max_tokens": 2000, "n": 4}
     with sdk.completions.create(**long, stream=True) as stream:
         # Keep the iterator: the stream holds the key's only slot until it is closed.
         chunks = iter(stream)

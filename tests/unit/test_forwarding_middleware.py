@@ -6,6 +6,7 @@ the other node an httpx mock: which writing POSTs go to the node of their model 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -76,7 +77,9 @@ class Deployment:
 def deployment(tmp_path: Path):
     """(async client factory): a client of this node and its Deployment."""
 
-    async def build(refuse: bool = False) -> tuple[httpx.AsyncClient, Deployment]:
+    async def build(
+        refuse: bool = False, default_model: str | None = None
+    ) -> tuple[httpx.AsyncClient, Deployment]:
         url = f"sqlite+aiosqlite:///{tmp_path / 'acs.sqlite3'}"
         storage = await open_storage(Settings(database_url=url, home=tmp_path))
         await storage.registry.announce("node-b", OTHER_NODE, THEIRS, NOW)
@@ -102,7 +105,12 @@ def deployment(tmp_path: Path):
         here = Deployment(storage, registry, refuse)
         upstream = httpx.AsyncClient(transport=httpx.MockTransport(here.node_b))
         app = ForwardingMiddleware(
-            here.route, models, registry, upstream, storage.looms.recorded_model
+            here.route,
+            models,
+            registry,
+            upstream,
+            storage.looms.recorded_model,
+            default_model=default_model,
         )
         transport = httpx.ASGITransport(app=app)
         return httpx.AsyncClient(transport=transport, base_url="http://t"), here
@@ -172,6 +180,54 @@ def test_a_body_naming_another_nodes_model_is_answered_there(deployment, path):
         ours = json.dumps({"model": OURS.id, "prompt": "x"}).encode()
         assert (await client.post(path, content=ours)).content == b"here"
         assert here.local == [(path, ours)]  # the body read for routing reaches the route
+        await here.storage.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/completion-jobs", "/v1/harvest"])
+def test_a_body_without_model_goes_to_the_deployments_default_model(deployment, path):
+    async def run() -> None:
+        no_model = json.dumps({"prompt": "x"}).encode()
+        # The deployment's default is the other node's model: answered there.
+        client, here = await deployment(default_model=THEIRS.id)
+        assert (await client.post(path, content=no_model)).content == b"node-b"
+        assert [(r.url.path, r.content) for r in here.upstream] == [(path, no_model)]
+        # A `model` that is not a string is this node's 400 to give, not a default.
+        bad = json.dumps({"model": 7, "prompt": "x"}).encode()
+        assert (await client.post(path, content=bad)).content == b"here"
+        await here.storage.close()
+
+    asyncio.run(run())
+
+
+def test_without_a_deployment_default_a_body_without_model_is_this_nodes(deployment):
+    async def run() -> None:
+        client, here = await deployment()
+        no_model = json.dumps({"prompt": "x"}).encode()
+        assert (await client.post("/v1/completions", content=no_model)).content == b"here"
+        assert here.upstream == []
+        await here.storage.close()
+
+    asyncio.run(run())
+
+
+def test_the_deployments_default_model_is_marked_in_its_list(deployment):
+    async def run() -> None:
+        _client, here = await deployment()
+        # One model per node and no deployment default: each node's own is its default.
+        assert {m.id: m.default for m in await here.registry.models()} == {
+            OURS.id: True,
+            THEIRS.id: False,
+        }
+        # VLLM_ACS_DEFAULT_MODEL=<theirs> on every node: this node's own model is not the
+        # default (served_model_from_engine), the other's is, on every node alike.
+        here.registry.model = lambda: dataclasses.replace(OURS, default=False)
+        here.registry.default_model = THEIRS.id
+        assert {m.id: m.default for m in await here.registry.models()} == {
+            OURS.id: False,
+            THEIRS.id: True,
+        }
         await here.storage.close()
 
     asyncio.run(run())

@@ -35,11 +35,14 @@ class NodeRegistry:
         heartbeat_s: float,
         ttl_s: float,
         clock: Callable[[], datetime],
+        default_model: str | None = None,
     ) -> None:
         self.repository = repository
         self.node_id = node_id
         self.address = address
         self.model = model
+        # The deployment's default model (settings.default_model): None, this node's own.
+        self.default_model = default_model
         self.heartbeat_s = heartbeat_s
         self.ttl_s = ttl_s
         self.clock = clock
@@ -123,6 +126,7 @@ class NodeRegistry:
         if own is not None:
             seen[own.id] = own
         for node in await self.live():
-            # Another node's model is not this node's default (a request without `model`).
-            seen.setdefault(node.model.id, dataclasses.replace(node.model, default=False))
+            # Another node's model is the default only when the deployment names it so.
+            default = node.model.id == self.default_model
+            seen.setdefault(node.model.id, dataclasses.replace(node.model, default=default))
         return list(seen.values())

@@ -60,12 +60,15 @@ _HOP = {
 }
 
 
-def _wanted_model(body: bytes) -> str | None:
+def _wanted_model(body: bytes, default: str | None) -> str | None:
+    """The body's `model`; `default` when the body is an object without one."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
-    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    model = data.get("model", default)
     return model if isinstance(model, str) else None
 
 
@@ -77,12 +80,16 @@ class ForwardingMiddleware:
         registry: NodeRegistry,
         client: httpx.AsyncClient,
         recorded_model: RecordedModel,
+        *,
+        default_model: str | None = None,
     ) -> None:
         self.app = app
         self.models = models
         self.registry = registry
         self.client = client
         self.recorded_model = recorded_model
+        # What a body without `model` means (settings.default_model; None: this node's model).
+        self.default_model = default_model
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         replay = _REPLAY.fullmatch(scope["path"]) if scope["type"] == "http" else None
@@ -106,9 +113,9 @@ class ForwardingMiddleware:
             # node, which answers 404 as this one would; a Node without a model stays here.
             model = await self.recorded_model(replay["loom"], replay["node"])
         elif len(body) <= INLINE_LIMIT_BYTES:
-            model = _wanted_model(body)
+            model = _wanted_model(body, self.default_model)
         else:  # a large body (a harvest's, up to 50 MB) is parsed off the event loop
-            model = await asyncio.to_thread(_wanted_model, body)
+            model = await asyncio.to_thread(_wanted_model, body, self.default_model)
         if model in elsewhere:
             for node in await self.registry.nodes_for(model):
                 if await self._forward(node.address, node.id, scope, body, receive, send):

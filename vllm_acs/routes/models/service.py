@@ -63,8 +63,9 @@ def served_model_from_engine(
         checkpoint = checkpoint[0]
     vocab = model_config.get_vocab_size()
     engine_cap = vocab if model_config.max_logprobs == -1 else model_config.max_logprobs
+    short_id = settings.model_id or short_id_for(checkpoint)
     return ServedModel(
-        id=settings.model_id or short_id_for(checkpoint),
+        id=short_id,
         checkpoint=checkpoint,
         max_model_len=model_config.max_model_len,
         max_logprobs=min(settings.max_logprobs, engine_cap),
@@ -80,6 +81,7 @@ def served_model_from_engine(
         max_activation_prompt_tokens=min(
             settings.max_activation_prompt_tokens, model_config.max_model_len
         ),
+        default=settings.default_model in (None, short_id),
     )
 
 
