@@ -19,6 +19,11 @@ export VLLM_ACS_S3_ENDPOINT="http://127.0.0.1:8333"
 export VLLM_ACS_S3_BUCKET="acs-harvests"
 export VLLM_ACS_S3_ACCESS_KEY_ID="acs"
 export VLLM_ACS_S3_SECRET_ACCESS_KEY="acs-example-secret"
+# With two models, what a request without `model` means, the same on every node.
+export VLLM_ACS_DEFAULT_MODEL="tiny-llama"
+# The CPU build reserves most of the machine's memory for one engine unless told otherwise;
+# three engines on one machine get 1 GiB of KV cache each (a GPU build ignores this).
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 
 # The database: created once, then upgraded by the operator before any node starts.
 psql -h 127.0.0.1 -U postgres -tc "SELECT 1 FROM pg_database WHERE datname = 'acs'" | grep -q 1 \
@@ -30,8 +35,11 @@ cat > "$RUN/s3.json" <<JSON
 {"identities": [{"name": "acs", "credentials": [{"accessKey": "acs",
   "secretKey": "acs-example-secret"}], "actions": ["Admin", "Read", "Write", "List"]}]}
 JSON
-"$VENV/weed" server -dir="$RUN/seaweed" -ip=127.0.0.1 -s3 -s3.port=8333 \
-  -s3.config="$RUN/s3.json" > "$RUN/seaweed.log" 2>&1 &
+# `weed mini`: master, volume, filer and S3 in one process, with the bucket made at start.
+mkdir -p "$RUN/seaweed"
+"$VENV/weed" mini -dir="$RUN/seaweed" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.port=8333 \
+  -s3.config="$RUN/s3.json" -bucket=acs-harvests -webdav=false -admin.ui=false \
+  -master.telemetry=false > "$RUN/seaweed.log" 2>&1 &
 
 # The models: the project's tiny Llama under two short ids.
 MODEL="$RUN/tiny-llama"
@@ -51,7 +59,8 @@ echo "Waiting for the nodes (about a minute)..."
 for port in 8001 8002 8003; do
   until curl -sf "http://127.0.0.1:$port/health" > /dev/null; do sleep 1; done
 done
-echo "Up: http://127.0.0.1:8000 (nginx). Make a key with:"
+echo "Up: http://127.0.0.1:8000 (nginx). Make a key with (the CLI needs the same database):"
+echo "  export VLLM_ACS_DATABASE_URL=$VLLM_ACS_DATABASE_URL"
 echo "  $VENV/vllm-acs accounts create lab --approved && $VENV/vllm-acs keys create --account lab"
-echo "Then: curl http://127.0.0.1:8000/v1/models"
+echo "Then: curl http://127.0.0.1:8000/v1/models -H 'Authorization: Bearer <key>'"
 wait
