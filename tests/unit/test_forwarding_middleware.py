@@ -125,6 +125,7 @@ def _replay(node_id: str) -> str:
 def test_a_replay_of_a_node_another_nodes_model_made_is_answered_there(deployment):
     async def run() -> None:
         client, here = await deployment()
+        del client.headers["accept-encoding"]  # as curl sends it: no Accept-Encoding
         headers = {"Authorization": "Bearer acs-bm-x", "X-Request-Id": "req-1"}
         answer = await client.post(_replay("by_b"), headers=headers)
         assert (answer.status_code, answer.content) == (200, b"node-b")
@@ -136,6 +137,11 @@ def test_a_replay_of_a_node_another_nodes_model_made_is_answered_there(deploymen
         assert sent.headers["authorization"] == "Bearer acs-bm-x"
         assert sent.headers["x-acs-forwarded-by"] == "node-a"
         assert sent.headers["x-request-id"] == "req-1"
+        # Relayed byte for byte: only an encoding the client accepts.
+        assert sent.headers["accept-encoding"] == "identity"
+        gzip_ok = {**headers, "Accept-Encoding": "gzip"}
+        assert (await client.post(_replay("by_b"), headers=gzip_ok)).content == b"node-b"
+        assert here.upstream[-1].headers["accept-encoding"] == "gzip"
         await here.storage.close()
 
     asyncio.run(run())

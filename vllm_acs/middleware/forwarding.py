@@ -58,6 +58,8 @@ _HOP = {
     b"host",
     b"content-length",
 }
+# Headers of the serving node's answer that this node's server writes itself.
+_OWN = {b"date", b"server"}
 
 
 def _wanted_model(body: bytes, default: str | None) -> str | None:
@@ -135,6 +137,10 @@ class ForwardingMiddleware:
             url += "?" + scope["query_string"].decode("latin-1")
         headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() not in _HOP]
         headers.append((FORWARDED_HEADER, self.registry.node_id.encode("latin-1")))
+        if header(scope, b"accept-encoding") is None:
+            # The answer's bytes are relayed as they come: without this, httpx's own default
+            # (gzip, ...) would bring a compressed body to a client that did not ask for one.
+            headers.append((b"accept-encoding", b"identity"))
         rid = request_id(scope)
         if rid:
             headers = [(k, v) for k, v in headers if k.lower() != b"x-request-id"]
@@ -160,7 +166,7 @@ class ForwardingMiddleware:
         kept = [
             (k.encode("latin-1"), v.encode("latin-1"))
             for k, v in response.headers.multi_items()
-            if k.lower().encode("latin-1") not in _HOP
+            if k.lower().encode("latin-1") not in _HOP | _OWN
         ]
         await send({"type": "http.response.start", "status": response.status_code, "headers": kept})
         streaming = response.headers.get("content-type", "").startswith("text/event-stream")
