@@ -470,3 +470,13 @@ class CountersUnavailable(AcsError):
     type = "server_error"
     code = "circuit_open"
     retry_after_s = 2
+
+
+class HarvestUnavailable(AcsError):
+    """The object store of the harvest files did not answer (the spec's `harvest_unavailable`:
+    the harvest side of the deployment is not reachable right now)."""
+
+    status = 503
+    type = "server_error"
+    code = "harvest_unavailable"
+    retry_after_s = 2

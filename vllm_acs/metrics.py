@@ -114,8 +114,8 @@ FORWARDED = Counter(
 )
 OUTAGES = Counter(
     "acs_shared_service_outages",
-    "Requests answered 503 because a shared service did not answer: the database or the "
-    "counters (Redis).",
+    "Requests answered 503 because a shared service did not answer: the database, the "
+    "counters (Redis) or the object store of the job files.",
     ["service"],
 )
 LEASES_LOST = Counter(

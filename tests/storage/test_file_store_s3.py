@@ -1,11 +1,13 @@
 """The S3 file store beyond the shared contract, on a real SeaweedFS: presigned GET URLs that plain
 HTTP fetches (whole, a Range, refused once expired or altered, never past SigV4's 7 days, signed
 for the public endpoint when there is one), the settings that choose it, and the harvest files'
-retention sweep on it."""
+retention sweep on it, and a store that does not answer (a 503, not a 500)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import socket
 import time
 from datetime import datetime, timedelta, timezone
 from urllib.parse import parse_qs, urlsplit
@@ -13,8 +15,12 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
+from tests.unit.asgi_apps import request
+from vllm_acs.middleware.error_envelope import ErrorEnvelopeMiddleware
+from vllm_acs.middleware.request_id import RequestIdMiddleware
 from vllm_acs.settings import Settings, SettingsError
 from vllm_acs.storage.files_s3 import S3FileStore
+from vllm_acs.storage.outages import outage_of
 
 DATA = bytes(range(256)) * 40
 
@@ -177,3 +183,27 @@ def test_names_reach_the_bucket_under_the_prefix(seaweedfs, store: S3FileStore):
         return await obstore.head_async(bare, f"{prefix}/harvests/job_1/manifest.json")
 
     assert asyncio.run(head())["size"] == 2
+
+
+def test_a_store_that_does_not_answer_is_an_outage_not_a_bug(seaweedfs):
+    """The error an unreachable store raises is what the envelope answers `503
+    harvest_unavailable` (with Retry-After) rather than `500`."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nobody listens there once the socket is closed
+    settings = dataclasses.replace(
+        seaweedfs.settings(seaweedfs.prefix("down")), s3_endpoint=f"http://127.0.0.1:{port}"
+    )
+    store = S3FileStore.from_settings(settings)
+    with pytest.raises(Exception) as failed:
+        asyncio.run(store.write("harvests/job_x/manifest.json", b"{}"))
+    assert type(failed.value).__module__.startswith("obstore")
+    assert outage_of(failed.value) == "files"
+
+    async def route(scope, receive, send) -> None:
+        raise failed.value
+
+    answer = request(RequestIdMiddleware(ErrorEnvelopeMiddleware(route)), "POST", "/v1/harvest")
+    assert answer.status_code == 503
+    assert answer.json()["error"]["code"] == "harvest_unavailable"
+    assert answer.headers["retry-after"] == "2"

@@ -15,6 +15,7 @@ from ..errors import (
     AcsError,
     CountersUnavailable,
     DatabaseUnavailable,
+    HarvestUnavailable,
     InternalError,
     error_body,
 )
@@ -25,6 +26,27 @@ from .sse import SseEventBuffer
 from .upstream_errors import engine_error, foreign_message, framework_error, is_acs_envelope
 
 logger = logging.getLogger(__name__)
+_NAMES = {
+    "database": "database",
+    "counters": "shared counters (Redis)",
+    "files": "object store of the job files",
+}
+
+
+def _unavailable(outage: str) -> AcsError:
+    if outage == "database":
+        return DatabaseUnavailable(
+            "The database is not reachable right now; try again in a moment."
+        )
+    if outage == "files":
+        return HarvestUnavailable(
+            "The store of the harvest files is not reachable right now; try again in a moment."
+        )
+    return CountersUnavailable(
+        "The shared counters (Redis) are not reachable right now, so nothing is admitted; try "
+        "again in a moment."
+    )
+
 
 ENGINE_PATHS = frozenset({"/v1/completions"})
 # Headers of the original error answer that the rewritten one keeps.
@@ -192,19 +214,7 @@ class ErrorEnvelopeMiddleware:
                 await responder.fail(InternalError())
                 return
             logger.warning(
-                "request %s: the %s did not answer: %r",
-                request_id(scope),
-                "database" if outage == "database" else "shared counters (Redis)",
-                error,
+                "request %s: the %s did not answer: %r", request_id(scope), _NAMES[outage], error
             )
             OUTAGES.labels(service=outage).inc()
-            await responder.fail(
-                DatabaseUnavailable(
-                    "The database is not reachable right now; try again in a moment."
-                )
-                if outage == "database"
-                else CountersUnavailable(
-                    "The shared counters (Redis) are not reachable right now, so nothing is "
-                    "admitted; try again in a moment."
-                )
-            )
+            await responder.fail(_unavailable(outage))

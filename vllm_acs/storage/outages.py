@@ -1,6 +1,7 @@
 """Which exceptions mean a shared service is unreachable (not a bug): the database (SQLAlchemy,
-asyncpg, aiosqlite's locks, a pool timeout) or Redis. API server process: the error envelope
-answers them `503` with Retry-After instead of `500`.
+asyncpg, aiosqlite's locks, a pool timeout), Redis, or the object store of the job files
+(obstore, which raises only its own errors; a missing file is the store's None, never one).
+API server process: the error envelope answers them `503` with Retry-After instead of `500`.
 """
 
 from __future__ import annotations
@@ -10,18 +11,20 @@ from typing import Literal
 import sqlalchemy.exc
 from redis import exceptions as redis_errors
 
-Outage = Literal["database", "counters"]
+Outage = Literal["database", "counters", "files"]
 _NETWORK = (ConnectionError, TimeoutError)  # OSError's ConnectionRefusedError etc.; asyncio's
 
 
 def outage_of(error: BaseException) -> Outage | None:
-    """`database`, `counters`, or None for anything else."""
+    """`database`, `counters`, `files`, or None for anything else."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
             return "counters"
+        if type(current).__module__.startswith("obstore"):
+            return "files"
         if isinstance(
             current,
             (
