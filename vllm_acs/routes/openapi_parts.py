@@ -89,6 +89,8 @@ ERROR_TEXT = {
     500: "internal_error",
     502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error; "
     "capture_incomplete (retry after Retry-After), capture_rows_missing (not retryable))",
+    503: "A shared part of the deployment did not answer (db_pool_exhausted, circuit_open, "
+    "harvest_unavailable); retry after Retry-After",
     504: "upstream_deadline: a request without stream did not finish inside the request window "
     "and was stopped (x-should-retry: false, no Retry-After; lower max_tokens or stream). Once "
     "keepalive bytes have committed a 200, the same envelope is the body of that 200",

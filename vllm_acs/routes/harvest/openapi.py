@@ -42,6 +42,7 @@ def _submit() -> dict[str, Any]:
             "413": error_doc(413, "x-should-retry"),
             "429": error_doc(429, *RETRY),
             "500": error_doc(500, "x-should-retry"),
+            "503": error_doc(503, *RETRY),
         },
     }
 
@@ -64,6 +65,7 @@ def _read() -> dict[str, Any]:
             "401": error_doc(401),
             "404": error_doc(404),
             "500": error_doc(500),
+            "503": error_doc(503, *RETRY),
         },
     }
 
@@ -107,6 +109,7 @@ def harvest_paths() -> dict[str, Any]:
                     "404": error_doc(404),
                     "409": error_doc(409, "x-should-retry"),
                     "500": error_doc(500),
+                    "503": error_doc(503, *RETRY),
                 },
             },
         },
