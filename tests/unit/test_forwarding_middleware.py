@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from vllm_acs.deployment.registry import NodeRegistry
+from vllm_acs.middleware.asgi import read_body
 from vllm_acs.middleware.forwarding import ForwardingMiddleware
 from vllm_acs.served_model import NodeModels, ServedModel
 from vllm_acs.settings import Settings
@@ -55,13 +56,7 @@ class Deployment:
         self.refuse = refuse
 
     async def route(self, scope, receive, send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.local.append((scope["path"], body))
+        self.local.append((scope["path"], await read_body(receive)))
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"here"})
 

@@ -142,9 +142,9 @@ class JobService:
         watch = self.runner.watch
         if watch.waiting >= self.settings.job_long_polls:
             return job, dict(DECLINED_HEADERS)
-        if await watch.wait_ended(job.id, wait_s):
-            job = await self.get(job_id, principal)
-        return job, {}
+        await watch.wait_ended(job.id, wait_s)
+        # Read again either way: past `wait_s` the answer is the job as it is now.
+        return await self.get(job_id, principal), {}
 
     async def cancel(self, job_id: str, principal: Principal) -> Job:
         before = await self.get(job_id, principal)
