@@ -73,6 +73,11 @@ JOB_RUNS = Counter(
     ["kind", "outcome"],
 )
 RUNNING_JOBS = Gauge("acs_running_jobs", "Jobs this node runs now.", multiprocess_mode="livesum")
+WAITING_JOB_READS = Gauge(
+    "acs_waiting_job_reads",
+    "Job reads (`?wait=`) held until their job ends, on this node (capped by job_long_polls).",
+    multiprocess_mode="livesum",
+)
 REAPED_JOBS = Counter(
     "acs_reaped_jobs", "Jobs whose lease expired (their process died), handed back or failed."
 )

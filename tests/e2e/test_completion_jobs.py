@@ -137,7 +137,8 @@ def test_the_result_is_202_with_retry_after_until_the_job_ends(acs_server):
 
 def test_a_long_poll_answers_when_the_job_ends(acs_server):
     """`?wait=` holds the read until the job ends: /result gives the completion, the job's
-    GET its end; a cancel here wakes a waiting read at once."""
+    GET its end; a held read of a job cancelled meanwhile answers `cancelled` (that the cancel
+    wakes it at once, not at the next shared check, is tests/unit/test_job_watch.py's)."""
     key = acs_server.create_key("jobs-long-poll", *FROZEN)
     job = submit(acs_server, key, {**BODY, "max_tokens": 1}).json()
     waiting: dict[str, httpx.Response] = {}
@@ -164,7 +165,7 @@ def test_a_long_poll_answers_when_the_job_ends(acs_server):
         target=lambda: waiting.update(job=read(acs_server, key, second["id"], "?wait=60"))
     )
     reader.start()
-    time.sleep(0.3)  # the read is parked (a cancel before it arrives is answered as well)
+    until(lambda: acs_server.metric("acs_waiting_job_reads") >= 1, "the read is held")
     assert cancel(acs_server, key, second["id"]).status_code == 200
     reader.join(timeout=10)
     assert not reader.is_alive(), "the cancel did not wake the long-poll"

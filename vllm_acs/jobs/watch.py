@@ -13,6 +13,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection
 
+from ..metrics import WAITING_JOB_READS
+
 logger = logging.getLogger(__name__)
 
 # How often the shared check asks the database which awaited jobs have ended.
@@ -44,11 +46,13 @@ class JobWatch:
         event, count = self._waiters.get(job_id, (asyncio.Event(), 0))
         self._waiters[job_id] = (event, count + 1)
         self._ensure_checker()
+        WAITING_JOB_READS.inc()
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout_s)
             return event.is_set()
         finally:
+            WAITING_JOB_READS.dec()
             event, count = self._waiters[job_id]
             if count <= 1:
                 del self._waiters[job_id]

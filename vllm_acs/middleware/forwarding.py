@@ -58,8 +58,9 @@ _HOP = {
     b"host",
     b"content-length",
 }
-# Headers of the serving node's answer that this node's server writes itself.
-_OWN = {b"date", b"server"}
+# Headers of the serving node's answer not relayed: one hop's, and those this node's server
+# writes itself.
+_NOT_RELAYED = _HOP | {b"date", b"server"}
 
 
 def _wanted_model(body: bytes, default: str | None) -> str | None:
@@ -166,7 +167,7 @@ class ForwardingMiddleware:
         kept = [
             (k.encode("latin-1"), v.encode("latin-1"))
             for k, v in response.headers.multi_items()
-            if k.lower().encode("latin-1") not in _HOP | _OWN
+            if k.lower().encode("latin-1") not in _NOT_RELAYED
         ]
         await send({"type": "http.response.start", "status": response.status_code, "headers": kept})
         streaming = response.headers.get("content-type", "").startswith("text/event-stream")
