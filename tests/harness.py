@@ -108,6 +108,9 @@ class ServerProcess:
             **os.environ,
             "VLLM_ACS_MODEL_ID": MODEL_ID,
             "VLLM_CPU_KVCACHE_SPACE": "1",
+            # A process that crashes in native code (a worker that "died unexpectedly") leaves
+            # its Python stack in the node's log.
+            "PYTHONFAULTHANDLER": "1",
             **self.env,
         }
 

@@ -3,6 +3,7 @@ runner wrapper (on a stand-in runner)."""
 
 from __future__ import annotations
 
+import platform
 import sys
 import types
 from dataclasses import dataclass
@@ -175,3 +176,39 @@ def test_only_the_layers_in_use_are_hooked_and_only_while_in_use(tmp_path):
     runner.execute_model(_scheduled({}, finished=["C"]))
     assert hooked() == []
     assert check_applied("c", n_rows=4, root=tmp_path).rows_done == 4
+
+
+# Run in a fresh interpreter: the tile state, once granted, stays for the process's life.
+_XTILE_CHECK = """
+import ctypes, torch
+from vllm_acs.hooks.compat import allow_amx_tiles
+ARCH_GET_XCOMP_PERM, XFEATURE_XTILEDATA = 0x1022, 18
+def granted():
+    mask = ctypes.c_uint64(0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(158, ARCH_GET_XCOMP_PERM, ctypes.byref(mask)) != 0:  # 158: arch_prctl
+        return None  # a kernel without the call: no AMX state to ask for
+    return bool(mask.value >> XFEATURE_XTILEDATA & 1)
+before = granted()
+allow_amx_tiles()
+print(torch.cpu._is_amx_tile_supported(), before, granted())
+"""
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() != "x86_64", reason="arch_prctl is x86 Linux's"
+)
+def test_the_worker_asks_for_the_amx_tile_state_where_the_cpu_has_amx():
+    """vLLM's AMX attention kernel dies of SIGILL in a process that never asked for the tile
+    state; the worker asks before its model loads. Where the CPU has no AMX, nothing is asked."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _XTILE_CHECK], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    has_amx, before, after = done.stdout.split()
+    if has_amx == "True":
+        assert (before, after) == ("False", "True")
+    else:
+        assert after in ("False", "None")

@@ -3,8 +3,9 @@ capture/steering hooks on the V1 model runner, prefix-cache isolation of ACS req
 
 `install()` runs from the general plugin in every vLLM process; it patches two vLLM classes when
 (and only if) their modules are imported, so the API server does not import the worker stack:
-- `vllm.v1.worker.gpu_worker.Worker.load_model` (CPUWorker inherits it): after the model loads,
-  `install_on_runner` checks the runner and the model, then hooks the decoder layers.
+- `vllm.v1.worker.gpu_worker.Worker.load_model` (CPUWorker inherits it): before the model loads,
+  `allow_amx_tiles` (vLLM's CPU attention needs it on AMX machines); after, `install_on_runner`
+  checks the runner and the model, then hooks the decoder layers.
 - `vllm.v1.request.Request.from_engine_core_request` (EngineCore process): an ACS request neither
   reads nor feeds the prefix cache, or its captured rows would be missing (cached tokens skip the
   forward pass) and steered KV would leak into other requests.
@@ -89,11 +90,31 @@ def _patch_worker(module: ModuleType) -> None:
 
     @functools.wraps(original)
     def load_model(self: Any, *args: Any, **kwargs: Any) -> None:
+        allow_amx_tiles()
         original(self, *args, **kwargs)
         install_on_runner(self.model_runner)
 
     load_model._acs_patched = True  # type: ignore[attr-defined]
     worker_cls.load_model = load_model
+
+
+def allow_amx_tiles() -> None:
+    """Worker process: asks Linux for the AMX tile state where the CPU has AMX.
+
+    vLLM's CPU attention runs AMX tile instructions for bf16 models wherever the CPU lists
+    `amx_tile`, but never asks for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+),
+    which a process must do before its first tile instruction: without it the worker dies of
+    SIGILL at its first request ("Worker proc VllmWorker-0 died unexpectedly", every answer then
+    `vllm_engine_dead`). torch asks for it only when oneDNN itself uses AMX; this asks once, in the
+    worker, before the model loads. A no-op where the CPU has no AMX.
+    """
+    cpu = getattr(torch._C, "_cpu", None)
+    if cpu is None or not torch.cpu._is_amx_tile_supported():
+        return
+    if not cpu._init_amx():
+        logger.warning(
+            "the CPU lists AMX but Linux refused its tile state: vLLM's AMX kernels will fail"
+        )
 
 
 def install_on_runner(runner: Any) -> ActivationRuntime:
