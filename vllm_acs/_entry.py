@@ -174,13 +174,14 @@ class AcsEndpointPlugin:
     def _forwarding(self, inner: Any) -> Any:
         import httpx
 
-        from .middleware.forwarding import ForwardingMiddleware
+        from .middleware.forwarding import FORWARDING_KEEPALIVE_S, ForwardingMiddleware
 
         if self.registry is None or self.storage is None:
             raise RuntimeError("vllm_acs registry is not open: init_state did not run")
         # No read timeout: a stream lasts as long as the serving node streams.
         timeout = httpx.Timeout(connect=3.0, read=None, write=60.0, pool=60.0)
-        self.forwarding_client = httpx.AsyncClient(timeout=timeout, trust_env=False)
+        limits = httpx.Limits(keepalive_expiry=FORWARDING_KEEPALIVE_S)
+        self.forwarding_client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
         return ForwardingMiddleware(
             inner,
             self.models,

@@ -48,7 +48,9 @@ def _node(node_id: str, parent: str | None, origin: str, model: str | None = Non
 class Deployment:
     """This node (model-a) in front of a stand-in route; node-b (model-b) answers by mock."""
 
-    def __init__(self, storage, registry: NodeRegistry, refuse: bool) -> None:
+    def __init__(
+        self, storage, registry: NodeRegistry, refuse: type[httpx.TransportError] | None
+    ) -> None:
         self.storage = storage
         self.registry = registry
         self.local: list[tuple[str, bytes]] = []  # what the route here received
@@ -61,8 +63,8 @@ class Deployment:
         await send({"type": "http.response.body", "body": b"here"})
 
     def node_b(self, request: httpx.Request) -> httpx.Response:
-        if self.refuse:
-            raise httpx.ConnectError("connection refused", request=request)
+        if self.refuse is not None:  # node-b cannot be reached, or cut the connection
+            raise self.refuse("node-b is gone", request=request)
         self.upstream.append(request)
         # A stream, as a real answer is: the forwarder relays it as it comes.
         return httpx.Response(200, stream=httpx.ByteStream(b"node-b"))
@@ -73,7 +75,7 @@ def deployment(tmp_path: Path):
     """(async client factory): a client of this node and its Deployment."""
 
     async def build(
-        refuse: bool = False, default_model: str | None = None
+        refuse: type[httpx.TransportError] | None = None, default_model: str | None = None
     ) -> tuple[httpx.AsyncClient, Deployment]:
         url = f"sqlite+aiosqlite:///{tmp_path / 'acs.sqlite3'}"
         storage = await open_storage(Settings(database_url=url, home=tmp_path))
@@ -247,9 +249,30 @@ def test_a_forwarded_replay_is_not_forwarded_again(deployment):
 
 def test_a_replay_whose_node_refuses_the_connection_ejects_it_and_is_answered_here(deployment):
     async def run() -> None:
-        client, here = await deployment(refuse=True)
+        client, here = await deployment(refuse=httpx.ConnectError)
         assert (await client.post(_replay("by_b"))).content == b"here"
         assert await here.registry.nodes_for(THEIRS.id) == []  # ejected at once
+        await here.storage.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError],
+)
+def test_a_node_that_cannot_be_reached_or_cuts_before_answering_is_ejected(deployment, failure):
+    """Refused, timed out, or the connection cut before any answer (the node died): the node is
+    ejected and the request answered here (`model_not_found` in a real node), never a 500."""
+
+    async def run() -> None:
+        client, here = await deployment(refuse=failure)
+        body = {"model": THEIRS.id, "prompt": "x"}
+        answer = await client.post("/v1/completions", json=body)
+        assert (answer.status_code, answer.content) == (200, b"here")
+        ((path, sent),) = here.local
+        assert (path, json.loads(sent)) == ("/v1/completions", body)
+        assert await here.registry.nodes_for(THEIRS.id) == []
         await here.storage.close()
 
     asyncio.run(run())
