@@ -29,7 +29,11 @@ error_log {dir}/error.log info;
 pid {dir}/nginx.pid;
 events {{ worker_connections 256; }}
 http {{
-    access_log {dir}/access.log;
+    # Which node answered, and when: what a failed test's report shows (the request's time,
+    # the node's connect and first-byte times).
+    log_format timed '$time_iso8601 "$request" $status $body_bytes_sent upstream=$upstream_addr '
+                     'rt=$request_time uct=$upstream_connect_time uht=$upstream_header_time';
+    access_log {dir}/access.log timed;
     client_body_temp_path {dir}/client_body;
     proxy_temp_path {dir}/proxy;
 {upstream_block}    server {{
@@ -52,11 +56,13 @@ http {{
 """
 
 # Several nodes: nginx's round-robin over them, as examples/deployment/nginx.conf (a node that
-# fails a connection is skipped for 5 s; idle connections to the nodes are kept for reuse).
+# fails a connection is skipped for 5 s; idle connections to the nodes are kept for reuse, and
+# dropped by nginx before a node drops them: see that file).
 UPSTREAM_NAME = "acs_nodes"
 UPSTREAM = """\
     upstream {name} {{
 {servers}        keepalive 16;
+        keepalive_timeout 4s;
     }}
 """
 
@@ -153,7 +159,7 @@ class Nginx:
 
     def log(self) -> str:
         parts = []
-        for name in ("nginx.out", "error.log"):
+        for name in ("nginx.out", "error.log", "access.log"):
             path = self.directory / name
             if path.exists():
                 parts.append(path.read_text(errors="replace")[-4000:])
