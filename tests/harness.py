@@ -108,6 +108,10 @@ class ServerProcess:
             **os.environ,
             "VLLM_ACS_MODEL_ID": MODEL_ID,
             "VLLM_CPU_KVCACHE_SPACE": "1",
+            # vLLM binds a CPU worker's threads to the first cores of its NUMA node: every node
+            # of a test on the same core, one fast stream starving the others and the test's
+            # own process for seconds. Unbound, the kernel spreads them.
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             # A process that crashes in native code (a worker that "died unexpectedly") leaves
             # its Python stack in the node's log.
             "PYTHONFAULTHANDLER": "1",

@@ -24,6 +24,9 @@ export VLLM_ACS_DEFAULT_MODEL="tiny-llama"
 # The CPU build reserves most of the machine's memory for one engine unless told otherwise;
 # three engines on one machine get 1 GiB of KV cache each (a GPU build ignores this).
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+# ... and would bind each engine's threads to the same first cores: unbound, the kernel spreads
+# the three (on a machine of their own, give each node its cores: VLLM_CPU_OMP_THREADS_BIND=0-3).
+export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}"
 
 # The database: created once, then upgraded by the operator before any node starts.
 psql -h 127.0.0.1 -U postgres -tc "SELECT 1 FROM pg_database WHERE datname = 'acs'" | grep -q 1 \

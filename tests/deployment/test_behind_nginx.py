@@ -1,8 +1,10 @@
 """A deployment behind nginx behaves as one node, whichever node each request lands on: keys,
 budgets, limits, completion jobs, harvests (files fetched from SeaweedFS by presigned URLs) and
-Looms; the other model's requests are forwarded; a node killed mid-harvest leaves the harvest to
-the other node of its model, which resumes it after its last complete shard; the single node of
-a model killed takes its model out of the list.
+Looms; the other model's requests are forwarded (streamed, with capture, charged once by the
+serving node); a node killed mid-harvest leaves the harvest to the other node of its model, which
+resumes it after its last complete shard; the single node of a model killed mid-stream cuts the
+stream, takes its model out of the list at once for requests and within its TTL for the list, and
+leaks no slot of the key.
 
 Three real nodes on one private PostgreSQL database and Redis prefix (tests/e2e/shared_nodes.py)
 with the SeaweedFS store: two of `tiny-llama`, one of `tiny-other`; nginx round-robin over all
@@ -15,8 +17,10 @@ on every node. The two kills come last (each takes a node away).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,7 +37,14 @@ from safetensors.torch import load
 from tests.e2e.access_load import BODY, COST, burst, spent, tally
 from tests.e2e.jobs_client import submit_job, wait_harvest_ended, wait_jobs_ended
 from tests.e2e.shared_nodes import Cluster, node_logs, shared_nodes
-from tests.harness import CHECKPOINT, MODEL_ID, ServerProcess, sigkill_group, wait_until
+from tests.harness import (
+    CHECKPOINT,
+    MODEL_ID,
+    ServerProcess,
+    group_members,
+    sigkill_group,
+    wait_until,
+)
 from tests.nginx import Nginx, running_nginx
 from vllm_acs.client import decode_residual_stream, download_harvest
 
@@ -241,12 +252,25 @@ def test_keys_behave_as_on_one_node_whichever_node_answers(deployment):
 
 
 def test_the_other_model_sent_to_a_default_model_node_is_forwarded(deployment):
-    node_a, other = deployment.nodes[0], deployment.other
+    node_a, other, cluster = deployment.nodes[0], deployment.other, deployment.cluster
     key = node_a.create_key("nginx-forwarded")
     forwarder, serving = _sdk(node_a.base_url, key), _sdk(other.base_url, key)
+    card = httpx.get(
+        f"{node_a.base_url}/v1/models/{OTHER_ID}",
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+    assert card.status_code == 200, card.text
+    assert card.json()["served_model_name"] == OTHER_CHECKPOINT
+    assert card.json()["capabilities"]["max_model_len"] == 2048  # the serving node's
     forwarded_before = node_a.metric("acs_forwarded_requests_total")
     ask = {"model": OTHER_ID, "prompt": "The sky is", "max_tokens": 6, "temperature": 0}
-    plain = forwarder.completions.create(**ask)
+    rid = f"nginx-forwarded-{secrets.token_hex(8)}"
+    plain = forwarder.completions.with_raw_response.create(
+        **ask, extra_headers={"X-Request-Id": rid}
+    )
+    assert plain.headers["x-request-id"] == rid  # the client's id, kept across the hop
+    plain = plain.parse()
     assert plain.model == OTHER_CHECKPOINT
     assert plain.choices[0].text == serving.completions.create(**ask).choices[0].text
     chunks = list(forwarder.completions.create(**ask, stream=True))
@@ -258,6 +282,17 @@ def test_the_other_model_sent_to_a_default_model_node_is_forwarded(deployment):
     rows = decode_residual_stream(captured)
     assert rows.shape == (1, 4, HIDDEN)  # 4 prompt tokens, one layer, from the serving node
     assert node_a.metric("acs_forwarded_requests_total") >= forwarded_before + 3
+    # Charged once, by the node that served it.
+    usage = _rows_when(
+        lambda: cluster.query("SELECT model FROM usage_rows WHERE request_id = $1", rid),
+        lambda rows: len(rows) >= 1,
+        "the usage row of the forwarded request",
+    )
+    assert [row["model"] for row in usage] == [OTHER_ID]
+    # A model no node serves is still this node's own 400.
+    with pytest.raises(openai.BadRequestError) as refused:
+        forwarder.completions.create(**{**ask, "model": "nobody"})
+    _envelope(refused.value.response, 400, "model_not_found")
 
 
 def test_a_budget_holds_exactly_across_the_nodes(deployment):
@@ -311,18 +346,20 @@ def test_a_running_limit_holds_across_the_nodes(deployment):
     sdk = _sdk(url, key)
     # Four choices of 2,000 tokens: long enough to outlast the three refusals on an idle
     # machine (one choice of 1,500 tokens once ended before the last of them arrived).
-    long = {"model": MODEL_ID, "prompt": "Once", "max_tokens": 2000, "n": 4}
-    with sdk.completions.create(**long, stream=True) as stream:
-        # Keep the iterator: the stream holds the key's only slot until it is closed.
-        chunks = iter(stream)
-        assert next(chunks).choices
-        before = _answered(nodes, status="429")
-        for _ in nodes:
-            with pytest.raises(openai.RateLimitError) as refused:
-                sdk.completions.create(model=MODEL_ID, prompt="x", max_tokens=1)
-            _envelope(refused.value.response, 429, "queue_full")
-            assert int(refused.value.response.headers["retry-after"]) >= 1
-        _every_node_answered(before, _answered(nodes, status="429"), "each node refused")
+    long = {"model": MODEL_ID, "prompt": "Once", "max_tokens": 2000, "n": 4, "stream": True}
+    auth = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=url, headers=auth, timeout=120) as client:
+        with client.stream("POST", "/v1/completions", json=long) as stream:
+            # Keep the iterator: the stream holds the key's only slot until it is closed.
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            before = _answered(nodes, status="429")
+            for _ in nodes:
+                with pytest.raises(openai.RateLimitError) as refused:
+                    sdk.completions.create(model=MODEL_ID, prompt="x", max_tokens=1)
+                _envelope(refused.value.response, 429, "queue_full")
+                assert int(refused.value.response.headers["retry-after"]) >= 1
+            _every_node_answered(before, _answered(nodes, status="429"), "each node refused")
     # The client left mid-stream: its slot is given back, whichever node held it.
     wait_until(
         lambda: (
@@ -557,17 +594,36 @@ def test_a_node_killed_mid_harvest_leaves_it_to_the_other_node_of_its_model(depl
     assert sum(r["prompt_tokens"] for r in rows) == KILL_PROMPTS * KILL_PROMPT_TOKENS
 
 
-def test_the_single_node_of_a_model_killed_takes_its_model_out(deployment):
-    # Last: the only node of `tiny-other` goes.
+def test_the_single_node_of_a_model_killed_mid_stream_takes_its_model_out(deployment):
+    # Last: the only node of `tiny-other` goes, while a node of the default model relays its
+    # stream, for a key that may run one request at a time.
     url, other = deployment.url, deployment.other
-    key = deployment.nodes[0].create_key("nginx-model-gone")  # the CLI: any node's settings
+    (live,) = [node for node in deployment.nodes[:2] if group_members(node.process.pid)]
+    key = deployment.nodes[0].create_key(
+        "nginx-model-gone", "--max-running", "1", "--max-waiting", "0"
+    )
+    auth = {"Authorization": f"Bearer {key}"}
     sdk = _sdk(url, key)
     assert _model_ids(url, key) == {MODEL_ID, OTHER_ID}
-    sigkill_group(other.process.pid)
-    # Its requests answer model_not_found at once (a failed connection ejects the node) ...
-    with pytest.raises(openai.BadRequestError) as refused:
-        sdk.completions.create(model=OTHER_ID, prompt="x", max_tokens=1)
-    _envelope(refused.value.response, 400, "model_not_found")
+    body = {"model": OTHER_ID, "prompt": "Once", "max_tokens": 2000, "stream": True}
+    with httpx.Client(base_url=live.base_url, headers=auth, timeout=120) as client:
+        with client.stream("POST", "/v1/completions", json=body) as stream:
+            lines = stream.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert '"choices"' in first  # the other node generates, through the live one
+            sigkill_group(other.process.pid)
+            rest = []
+            with contextlib.suppress(httpx.HTTPError):  # or the connection is cut
+                rest = list(lines)
+        # The stream ended without its [DONE]: with an error frame (or a cut connection).
+        assert "data: [DONE]" not in rest
+        assert any('"error"' in line for line in rest) or not rest
+        # Its model's requests answer model_not_found at once: the failed connection ejects
+        # the node, no request waits out its heartbeat's TTL.
+        started = time.monotonic()
+        refused = client.post("/v1/completions", json={**body, "stream": False, "max_tokens": 1})
+        _envelope(refused, 400, "model_not_found")
+        assert time.monotonic() - started < TTL_MS / 1000
     # ... and its model leaves the list once its heartbeat is older than the TTL.
     wait_until(
         lambda: _model_ids(url, key) == {MODEL_ID},
@@ -578,5 +634,19 @@ def test_the_single_node_of_a_model_killed_takes_its_model_out(deployment):
         with pytest.raises(openai.BadRequestError) as refused:
             sdk.completions.create(model=OTHER_ID, prompt="x", max_tokens=1, stream=stream)
         _envelope(refused.value.response, 400, "model_not_found")
-    # The other model is still served.
-    assert sdk.completions.create(model=MODEL_ID, prompt="x", max_tokens=1).choices
+    # The dead node's slot of this key (max_running 1) and its Hold expire with their lease:
+    # the key runs again, on the model still served; nothing leaked.
+    wait_until(
+        lambda: _answers_200(sdk, model=MODEL_ID, prompt="x", max_tokens=1),
+        "the key's slot free again after the dead node's lease",
+        LEASE_MS / 1000 + 20,
+    )
+
+
+def _answers_200(sdk: OpenAI, **ask: Any) -> bool:
+    """True once the request is answered; False while the key's slot is held (429)."""
+    try:
+        return bool(sdk.completions.create(**ask).choices)
+    except openai.RateLimitError as refused:
+        _envelope(refused.response, 429, "queue_full")
+        return False
