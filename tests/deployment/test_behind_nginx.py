@@ -348,18 +348,20 @@ def test_a_running_limit_holds_across_the_nodes(deployment):
     # machine (one choice of 1,500 tokens once ended before the last of them arrived).
     long = {"model": MODEL_ID, "prompt": "Once", "max_tokens": 2000, "n": 4, "stream": True}
     auth = {"Authorization": f"Bearer {key}"}
-    with httpx.Client(base_url=url, headers=auth, timeout=120) as client:
-        with client.stream("POST", "/v1/completions", json=long) as stream:
-            # Keep the iterator: the stream holds the key's only slot until it is closed.
-            lines = stream.iter_lines()
-            assert next(line for line in lines if line.startswith("data: "))
-            before = _answered(nodes, status="429")
-            for _ in nodes:
-                with pytest.raises(openai.RateLimitError) as refused:
-                    sdk.completions.create(model=MODEL_ID, prompt="x", max_tokens=1)
-                _envelope(refused.value.response, 429, "queue_full")
-                assert int(refused.value.response.headers["retry-after"]) >= 1
-            _every_node_answered(before, _answered(nodes, status="429"), "each node refused")
+    with (
+        httpx.Client(base_url=url, headers=auth, timeout=120) as client,
+        client.stream("POST", "/v1/completions", json=long) as stream,
+    ):
+        # Keep the iterator: the stream holds the key's only slot until it is closed.
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        before = _answered(nodes, status="429")
+        for _ in nodes:
+            with pytest.raises(openai.RateLimitError) as refused:
+                sdk.completions.create(model=MODEL_ID, prompt="x", max_tokens=1)
+            _envelope(refused.value.response, 429, "queue_full")
+            assert int(refused.value.response.headers["retry-after"]) >= 1
+        _every_node_answered(before, _answered(nodes, status="429"), "each node refused")
     # The client left mid-stream: its slot is given back, whichever node held it.
     wait_until(
         lambda: (
@@ -598,7 +600,7 @@ def test_the_single_node_of_a_model_killed_mid_stream_takes_its_model_out(deploy
     # Last: the only node of `tiny-other` goes, while a node of the default model relays its
     # stream, for a key that may run one request at a time.
     url, other = deployment.url, deployment.other
-    (live,) = [node for node in deployment.nodes[:2] if group_members(node.process.pid)]
+    live = next(node for node in deployment.nodes[:2] if group_members(node.process.pid))
     key = deployment.nodes[0].create_key(
         "nginx-model-gone", "--max-running", "1", "--max-waiting", "0"
     )

@@ -31,7 +31,7 @@ from .asgi import ASGIApp, Receive, Scope, Send, header, read_body, replay_body,
 logger = logging.getLogger(__name__)
 FORWARDED_HEADER = b"x-acs-forwarded-by"
 # How long an idle connection to another node is kept: shorter than the node's own keep-alive
-# (uvicorn's, vLLM_HTTP_TIMEOUT_KEEP_ALIVE: 5 s), so that it is always this side that drops it;
+# (uvicorn's, VLLM_HTTP_TIMEOUT_KEEP_ALIVE: 5 s), so that it is always this side that drops it;
 # a request sent on a connection the node is closing that moment would fail and eject a live node.
 FORWARDING_KEEPALIVE_S = 2.0
 # What a send raises when the node cannot be reached, or cut the connection before any answer
