@@ -26,6 +26,7 @@ def test_a_list_of_urls_is_an_upstream_block(tmp_path):
         "server 127.0.0.1:8001 max_fails=1 fail_timeout=5s;",
         "server 127.0.0.1:8002 max_fails=1 fail_timeout=5s;",
         "keepalive 16;",
+        "keepalive_timeout 4s;",  # shorter than a node's own 5 s keep-alive
     ]
     assert "proxy_pass http://acs_nodes;" in text
     assert "proxy_read_timeout 2500ms;" in text
