@@ -352,7 +352,7 @@ def test_a_running_limit_holds_across_the_nodes(deployment):
         httpx.Client(base_url=url, headers=auth, timeout=120) as client,
         client.stream("POST", "/v1/completions", json=long) as stream,
     ):
-        # Keep the iterator: the stream holds the key's only slot until it is closed.
+        # Keep the iterator: the stream holds the key's only slot until it ends or is closed.
         lines = stream.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
         before = _answered(nodes, status="429")

@@ -113,7 +113,9 @@ def allow_amx_tiles() -> None:
         return
     if not cpu._init_amx():
         logger.warning(
-            "the CPU lists AMX but Linux refused its tile state: vLLM's AMX kernels will fail"
+            "the CPU lists AMX but Linux refused its tile state (a kernel before 5.16, or a "
+            "hypervisor that does not pass AMX through): vLLM's AMX attention will kill this "
+            "worker at its first request"
         )
 
 

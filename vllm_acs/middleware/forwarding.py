@@ -35,14 +35,9 @@ FORWARDED_HEADER = b"x-acs-forwarded-by"
 # a request sent on a connection the node is closing that moment would fail and eject a live node.
 FORWARDING_KEEPALIVE_S = 2.0
 # What a send raises when the node cannot be reached, or cut the connection before any answer
-# (it died): that node is ejected and the next one tried.
-_UNREACHABLE = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.RemoteProtocolError,
-    httpx.ReadError,
-    httpx.WriteError,
-)
+# (it died): httpx's network errors (connect, read, write), a connect timeout, and a connection
+# closed with no response. That node is ejected and the next one tried.
+_UNREACHABLE = (httpx.NetworkError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
 # The POST routes whose body's `model` says which node answers.
 _ROUTES = tuple(
     re.compile(p)
