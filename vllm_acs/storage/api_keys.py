@@ -21,7 +21,7 @@ from ..principal import KEY_LIMIT_FIELDS, SCOPES
 from .api_key_secret import hash_secret, new_secret, visible_prefix
 from .errors import ConflictError, NotFoundError
 from .tables import accounts, api_keys
-from .transactions import write_transaction
+from .transactions import point_read, write_transaction
 
 KEY_STATES = ("active", "paused", "revoked")
 
@@ -70,6 +70,16 @@ def _key(row: Any) -> ApiKey:
     )
 
 
+def _with_account(row: Any) -> KeyWithAccount:
+    return KeyWithAccount(
+        key=_key(row),
+        secret_hash=row.secret_hash,
+        account_status=row.account_status,
+        account_spend_capped=bool(row.account_spend_capped),
+        account_monthly_tokens=row.account_monthly_tokens,
+    )
+
+
 def parse_scopes(text: str) -> tuple[str, ...]:
     scopes = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
     unknown = sorted(set(scopes) - SCOPES)
@@ -81,9 +91,9 @@ def parse_scopes(text: str) -> tuple[str, ...]:
 class KeyRepository:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        # Auth reads one row per request: a dedicated autocommit connection skips the pool's
-        # checkout and reset, which cost more than the query (no transaction stays open, so
-        # every read sees the latest commit).
+        # Auth reads one row per request. SQLite: inline (`point_read`). PostgreSQL: a
+        # dedicated autocommit connection skips the pool's checkout and reset, which cost more
+        # than the query (no transaction stays open, so every read sees the latest commit).
         self._reader: AsyncConnection | None = None
         self._reader_lock = asyncio.Lock()
 
@@ -163,6 +173,10 @@ class KeyRepository:
 
     async def lookup(self, prefix: str) -> KeyWithAccount | None:
         """One indexed query per request: no cache, so a pause or revoke counts at once."""
+        if self._engine.dialect.name == "sqlite":
+            async with point_read(self._engine) as conn:
+                row = (await conn.execute(_LOOKUP, {"prefix": prefix})).first()
+            return None if row is None else _with_account(row)
         async with self._reader_lock:
             try:
                 row = await self._read(prefix)
@@ -170,15 +184,7 @@ class KeyRepository:
                 # A broken connection (the database restarted): reconnect once, then give up.
                 await self.close()
                 row = await self._read(prefix)
-        if row is None:
-            return None
-        return KeyWithAccount(
-            key=_key(row),
-            secret_hash=row.secret_hash,
-            account_status=row.account_status,
-            account_spend_capped=bool(row.account_spend_capped),
-            account_monthly_tokens=row.account_monthly_tokens,
-        )
+        return None if row is None else _with_account(row)
 
     async def _read(self, prefix: str) -> Any:
         if self._reader is None:

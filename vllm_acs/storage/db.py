@@ -33,7 +33,7 @@ from .ledger import UsageLedger
 from .looms import LoomRepository
 from .migrate import current_revision, head_revision, upgrade
 from .registry import RegistryRepository
-from .sqlite_writes import dispose_inline, sqlite_pragmas
+from .sqlite_inline import dispose_inline, sqlite_pragmas
 from .usage import UsageRepository, UsageRow
 
 logger = logging.getLogger(__name__)

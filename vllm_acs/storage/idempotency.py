@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .tables import idempotency_records
-from .transactions import utc, utc_or_none, write_transaction
+from .transactions import point_read, utc, utc_or_none, write_transaction
 
 RUNNING = "running"
 DONE = "done"
@@ -174,7 +174,7 @@ class IdempotencyRecords:
 
     async def get(self, target: IdempotencyTarget, now: datetime) -> Existing | None:
         now = utc(now)
-        async with self._engine.connect() as conn:
+        async with point_read(self._engine) as conn:
             row = (await conn.execute(select(idempotency_records).where(_where(target)))).first()
         return None if row is None else _existing(row, now)
 

@@ -19,7 +19,7 @@ from .errors import IdempotencyRecordLost, JobCapacityReached
 from .idempotency import RETENTION, IdempotencyTarget, StoredAnswer, complete_on, delete_expired_on
 from .job_records import Job, NewJob, SweepReport, insert_values, job_from_row, new_job_id
 from .tables import jobs
-from .transactions import serialize_per_key, utc, write_transaction
+from .transactions import point_read, serialize_per_key, utc, write_transaction
 
 __all__ = [
     "ATTEMPTS_EXHAUSTED",
@@ -109,7 +109,7 @@ class JobRepository:
         query = select(jobs).where(jobs.c.id == job_id)
         if key_id is not None:
             query = query.where(jobs.c.key_id == key_id)
-        async with self._engine.connect() as conn:
+        async with point_read(self._engine) as conn:
             row = (await conn.execute(query)).first()
         return None if row is None else job_from_row(row)
 
@@ -131,7 +131,7 @@ class JobRepository:
         if not wanted:
             return []
         query = select(jobs.c.id).where(jobs.c.id.in_(wanted), jobs.c.status.in_(_ACTIVE))
-        async with self._engine.connect() as conn:
+        async with point_read(self._engine) as conn:
             active = {row.id for row in await conn.execute(query)}
         return [job_id for job_id in wanted if job_id not in active]
 

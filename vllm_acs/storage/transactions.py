@@ -1,4 +1,5 @@
-"""Write transactions that take the database's write lock up front, and the UTC clock checks.
+"""Write transactions that take the database's write lock up front, point reads, and the UTC
+clock checks.
 
 Used by the job, idempotency and usage repositories in the API server process. Every time they
 store is given by the caller (`now`), never read here: the tests drive an explicit clock.
@@ -16,7 +17,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .sqlite_writes import InlineConnection, inline_engine
+from .sqlite_inline import InlineConnection, inline_engine, inline_read_engine
 
 # The two-key advisory lock space does not overlap the one-key space of the migration lock.
 _KEY_LOCK_SPACE = 7356124
@@ -38,7 +39,7 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[Any]:
     The writers of this process take their turns on an asyncio lock first: SQLite has one write
     lock, and writers contending for it inside SQLite wait in its busy handler's sleeps (up to
     100 ms each), which leave the lock idle while work queues up; and the transaction's
-    statements run inline (`sqlite_writes`), so the lock is held for the SQL's own time. Other
+    statements run inline (`sqlite_inline`), so the lock is held for the SQL's own time. Other
     processes (the CLI) still meet the busy timeout."""
     if engine.dialect.name != "sqlite":
         async with engine.begin() as conn:
@@ -47,6 +48,20 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[Any]:
     async with _sqlite_writer_lock(engine):
         with inline_engine(engine).begin() as conn:
             yield InlineConnection(conn)
+
+
+@contextlib.asynccontextmanager
+async def point_read(engine: AsyncEngine) -> AsyncIterator[Any]:
+    """A connection for a small indexed read on the request path (a key by prefix, a job by id).
+
+    On SQLite the read runs inline on a plain autocommit connection (`sqlite_inline`): no lock,
+    no round trip through aiosqlite's thread. On PostgreSQL a pooled async connection."""
+    if engine.dialect.name != "sqlite":
+        async with engine.connect() as conn:
+            yield conn
+        return
+    with inline_read_engine(engine).connect() as conn:
+        yield InlineConnection(conn)
 
 
 def _sqlite_writer_lock(engine: AsyncEngine) -> asyncio.Lock:
