@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import case, delete, func, literal, or_, select, update
+from sqlalchemy import bindparam, case, delete, func, literal, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..states import ACTIVE, TERMINAL, IllegalTransition, JobStatus, can_move
@@ -52,9 +52,18 @@ _ACTIVE = sorted(s.value for s in ACTIVE)
 _TIME = jobs.c.created_at.type
 
 
+# The statements of every submit and read, built once: building one per call (and computing its
+# cache key) cost SQLAlchemy more than SQLite took to run it.
+_COUNT_UNFINISHED = select(func.count()).where(
+    jobs.c.key_id == bindparam("key_id"), jobs.c.status.in_(_ACTIVE)
+)
+_INSERT = jobs.insert()
+_BY_ID = select(jobs).where(jobs.c.id == bindparam("job_id"))
+_BY_ID_OF_KEY = _BY_ID.where(jobs.c.key_id == bindparam("key_id"))
+
+
 async def _count_unfinished(conn: AsyncConnection, key_id: str) -> int:
-    query = select(func.count()).where(jobs.c.key_id == key_id, jobs.c.status.in_(_ACTIVE))
-    return int((await conn.execute(query)).scalar_one())
+    return int((await conn.execute(_COUNT_UNFINISHED, {"key_id": key_id})).scalar_one())
 
 
 class JobRepository:
@@ -94,7 +103,7 @@ class JobRepository:
                 await serialize_per_key(conn, job.key_id)
                 if await _count_unfinished(conn, job.key_id) >= max_unfinished:
                     raise JobCapacityReached(max_unfinished)
-            await conn.execute(jobs.insert().values(**values))
+            await conn.execute(_INSERT, values)
             if idempotency is not None and answer is not None:
                 done = await complete_on(
                     conn, idempotency, answer, now, idempotency_retention, job.id
@@ -106,11 +115,11 @@ class JobRepository:
 
     async def get(self, job_id: str, key_id: str | None = None) -> Job | None:
         """The job; with `key_id`, only that key's (another key's job is None, as if absent)."""
-        query = select(jobs).where(jobs.c.id == job_id)
+        query, params = (_BY_ID, {"job_id": job_id})
         if key_id is not None:
-            query = query.where(jobs.c.key_id == key_id)
+            query, params = (_BY_ID_OF_KEY, {"job_id": job_id, "key_id": key_id})
         async with point_read(self._engine) as conn:
-            row = (await conn.execute(query)).first()
+            row = (await conn.execute(query, params)).first()
         return None if row is None else job_from_row(row)
 
     async def list(
