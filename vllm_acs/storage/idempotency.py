@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -77,6 +77,43 @@ def _where(target: IdempotencyTarget) -> Any:
     return (c.key_id == target.key_id) & (c.idempotency_key == target.idempotency_key)
 
 
+# The statements of every writing POST with a key, built once with bind parameters (`_bound`):
+# building one per call (and its cache key) cost SQLAlchemy more than SQLite took to run it.
+_c = idempotency_records.c
+_BOUND_TARGET = (_c.key_id == bindparam("t_key_id")) & (
+    _c.idempotency_key == bindparam("t_idempotency_key")
+)
+_DELETE_EXPIRED = delete(idempotency_records).where(
+    _BOUND_TARGET, _c.expires_at < bindparam("now", type_=_c.expires_at.type)
+)
+_SELECT = select(idempotency_records).where(_BOUND_TARGET)
+_COMPLETE = (
+    update(idempotency_records)
+    .where(_BOUND_TARGET, _c.state == RUNNING)
+    .values(
+        state=DONE,
+        status=bindparam("v_status"),
+        body=bindparam("v_body"),
+        headers=bindparam("v_headers"),
+        job_id=bindparam("v_job_id"),
+        lease_expires_at=None,
+        expires_at=bindparam("v_expires_at", type_=_c.expires_at.type),
+    )
+)
+# Its values are the execute's parameters (the columns by name).
+_RESERVE = {
+    name: dialect.insert(idempotency_records)
+    .on_conflict_do_nothing(index_elements=[_c.key_id, _c.idempotency_key])
+    .returning(_c.key_id)
+    for name, dialect in (("sqlite", sqlite), ("postgresql", postgresql))
+}
+
+
+def _bound(target: IdempotencyTarget, **values: Any) -> dict[str, Any]:
+    """The parameters of the statements above for `target`."""
+    return {"t_key_id": target.key_id, "t_idempotency_key": target.idempotency_key, **values}
+
+
 def _existing(row: Any, now: datetime) -> Existing:
     lease = utc_or_none(row.lease_expires_at)
     state = row.state
@@ -109,17 +146,15 @@ async def complete_on(
     False when the record is not running (released, abandoned, done already, never reserved)."""
     now = utc(now)
     result = await conn.execute(
-        update(idempotency_records)
-        .where(_where(target), idempotency_records.c.state == RUNNING)
-        .values(
-            state=DONE,
-            status=answer.status,
-            body=answer.body,
-            headers=json.dumps(answer.headers, separators=(",", ":")),
-            job_id=job_id,
-            lease_expires_at=None,
-            expires_at=now + retention,
-        )
+        _COMPLETE,
+        _bound(
+            target,
+            v_status=answer.status,
+            v_body=answer.body,
+            v_headers=json.dumps(answer.headers, separators=(",", ":")),
+            v_job_id=job_id,
+            v_expires_at=now + retention,
+        ),
     )
     return result.rowcount == 1
 
@@ -139,35 +174,25 @@ class IdempotencyRecords:
     ) -> Reserved | Existing:
         """A new running record (Reserved), or the record another request made (Existing)."""
         now = utc(now)
-        dialect = sqlite if self._engine.dialect.name == "sqlite" else postgresql
-        c = idempotency_records.c
-        insert = (
-            dialect.insert(idempotency_records)
-            .values(
-                key_id=target.key_id,
-                idempotency_key=target.idempotency_key,
-                route=route,
-                fingerprint=fingerprint,
-                state=RUNNING,
-                lease_expires_at=now + timedelta(seconds=lease_s),
-                created_at=now,
-                expires_at=now + retention,
-            )
-            .on_conflict_do_nothing(index_elements=[c.key_id, c.idempotency_key])
-            .returning(c.key_id)
+        insert = _RESERVE[self._engine.dialect.name]
+        values = dict(
+            key_id=target.key_id,
+            idempotency_key=target.idempotency_key,
+            route=route,
+            fingerprint=fingerprint,
+            state=RUNNING,
+            lease_expires_at=now + timedelta(seconds=lease_s),
+            created_at=now,
+            expires_at=now + retention,
         )
         while True:
             async with write_transaction(self._engine) as conn:
                 # A record past its retention is gone for the client even before the sweep.
-                await conn.execute(
-                    delete(idempotency_records).where(_where(target), c.expires_at < now)
-                )
-                if (await conn.execute(insert)).first() is not None:
+                await conn.execute(_DELETE_EXPIRED, _bound(target, now=now))
+                if (await conn.execute(insert, values)).first() is not None:
                     return Reserved(target)
                 # The conflict waited for the winner's commit; this statement sees its row.
-                row = (
-                    await conn.execute(select(idempotency_records).where(_where(target)))
-                ).first()
+                row = (await conn.execute(_SELECT, _bound(target))).first()
             # None: the winner released its record in between; this request may try again.
             if row is not None:
                 return _existing(row, now)
@@ -175,7 +200,7 @@ class IdempotencyRecords:
     async def get(self, target: IdempotencyTarget, now: datetime) -> Existing | None:
         now = utc(now)
         async with point_read(self._engine) as conn:
-            row = (await conn.execute(select(idempotency_records).where(_where(target)))).first()
+            row = (await conn.execute(_SELECT, _bound(target))).first()
         return None if row is None else _existing(row, now)
 
     async def renew(self, target: IdempotencyTarget, now: datetime, lease_s: float) -> bool:
