@@ -14,7 +14,11 @@ the same N one-token completions (VLLM_ACS_BENCH_JOBS, default 200) two ways:
 - jobs, polled: the same submits, then `GET /v1/completion-jobs/{id}` by a few pollers (each job
   at most every 100 ms, in the order the 202s came back, a global cap on GETs per second) until
   every job ended; the same two figures.
-A job that ends in any status but `succeeded` is an error.
+A job that ends in any status but `succeeded` is an error. Each side also reports the CPU time
+the node's API process spent per completion (`api ms`): on two cores with a one-token completion
+that process is the bound, and a job (its submit and its read are two HTTP requests, its replay a
+third pass through the pipeline, four write transactions) costs it several times a live request,
+which caps the ratio near live's CPU per request over a job's.
 
 Rounds rotate the order of the three, VLLM_ACS_BENCH_ROUNDS of them (default 2);
 VLLM_ACS_BENCH_MAX_TOKENS sets the tokens of each completion (default 1). Run:
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 
 from benchmarks._node import tiny_node, unlimited_key
 from tests.harness import MODEL_ID, ServerProcess
@@ -122,6 +127,30 @@ class JobsResult:
     per_s: float
     p50_ms: float
     polls: int
+    api_ms: float = 0.0
+
+
+class _ApiCpu:
+    """CPU time (user + system, all its threads) of the node's API process over a block."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        assert server.process is not None
+        self._process = psutil.Process(server.process.pid)
+        self.seconds = 0.0
+
+    def __enter__(self) -> _ApiCpu:
+        self._start = self._now()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.seconds = self._now() - self._start
+
+    def _now(self) -> float:
+        times = self._process.cpu_times()
+        return times.user + times.system
+
+    def ms_per(self, count: int) -> float:
+        return self.seconds * 1000 / count
 
 
 @dataclass
@@ -268,6 +297,7 @@ async def run_jobs(server: ServerProcess, secret: str, tag: str, count: int = JO
 class Round:
     order: str
     live_per_s: float
+    live_api_ms: float
     long_poll: JobsResult
     polled: JobsResult
 
@@ -295,8 +325,16 @@ async def _rounds(server: ServerProcess, secret: str) -> list[Round]:
         }
         # Rotating the order, so no side always runs after the same other side's load.
         order = list(sides)[r % 3 :] + list(sides)[: r % 3]
-        got: dict[str, Any] = {name: await sides[name]() for name in order}
-        rounds.append(Round(", ".join(order), got["live"], got["wait"], got["poll"]))
+        got: dict[str, Any] = {}
+        api_ms: dict[str, float] = {}
+        for name in order:
+            with _ApiCpu(server) as cpu:
+                got[name] = await sides[name]()
+            api_ms[name] = cpu.ms_per(JOBS)
+        got["wait"].api_ms, got["poll"].api_ms = api_ms["wait"], api_ms["poll"]
+        rounds.append(
+            Round(", ".join(order), got["live"], api_ms["live"], got["wait"], got["poll"])
+        )
     return rounds
 
 
@@ -332,6 +370,13 @@ def main() -> None:
             f"{i:<6} {r.order:<16} {r.live_per_s:10.2f} {r.long_poll.per_s:11.2f} "
             f"{r.ratio:9.3f} {r.long_poll.p50_ms:11.1f} {r.polled.per_s:11.2f} "
             f"{r.polled_ratio:9.3f} {r.polled.p50_ms:11.1f} {r.polled.polls:6d}"
+        )
+    print("CPU time of the node's API process per completion (ms):")
+    print(f"{'round':<6} {'live':>8} {'wait':>8} {'poll':>8} {'live/wait':>9}")
+    for i, r in enumerate(rounds, 1):
+        print(
+            f"{i:<6} {r.live_api_ms:8.2f} {r.long_poll.api_ms:8.2f} {r.polled.api_ms:8.2f} "
+            f"{r.live_api_ms / r.long_poll.api_ms:9.3f}"
         )
     ratio = statistics.median(r.ratio for r in rounds)
     polled = statistics.median(r.polled_ratio for r in rounds)
