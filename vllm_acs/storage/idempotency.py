@@ -72,13 +72,8 @@ class Existing:
     lease_expires_at: datetime | None = None
 
 
-def _where(target: IdempotencyTarget) -> Any:
-    c = idempotency_records.c
-    return (c.key_id == target.key_id) & (c.idempotency_key == target.idempotency_key)
-
-
-# The statements of every writing POST with a key, built once with bind parameters (`_bound`):
-# building one per call (and its cache key) cost SQLAlchemy more than SQLite took to run it.
+# The statements on one record, built once with bind parameters (`_bound`): building one per
+# call (and its cache key) cost SQLAlchemy more than SQLite took to run it.
 _c = idempotency_records.c
 _BOUND_TARGET = (_c.key_id == bindparam("t_key_id")) & (
     _c.idempotency_key == bindparam("t_idempotency_key")
@@ -99,6 +94,21 @@ _COMPLETE = (
         lease_expires_at=None,
         expires_at=bindparam("v_expires_at", type_=_c.expires_at.type),
     )
+)
+_RENEW = (
+    update(idempotency_records)
+    .where(
+        _BOUND_TARGET,
+        _c.state == RUNNING,
+        _c.lease_expires_at >= bindparam("now", type_=_c.lease_expires_at.type),
+    )
+    .values(lease_expires_at=bindparam("v_lease_expires_at", type_=_c.lease_expires_at.type))
+)
+_RELEASE = delete(idempotency_records).where(_BOUND_TARGET, _c.state == RUNNING)
+_ABANDON = (
+    update(idempotency_records)
+    .where(_BOUND_TARGET, _c.state == RUNNING)
+    .values(state=NO_ANSWER, lease_expires_at=None)
 )
 # Its values are the execute's parameters (the columns by name).
 _RESERVE = {
@@ -206,13 +216,9 @@ class IdempotencyRecords:
     async def renew(self, target: IdempotencyTarget, now: datetime, lease_s: float) -> bool:
         """Extends a running record's lease (long work); False when it is not running any more."""
         now = utc(now)
-        c = idempotency_records.c
+        lease = now + timedelta(seconds=lease_s)
         async with write_transaction(self._engine) as conn:
-            result = await conn.execute(
-                update(idempotency_records)
-                .where(_where(target), c.state == RUNNING, c.lease_expires_at >= now)
-                .values(lease_expires_at=now + timedelta(seconds=lease_s))
-            )
+            result = await conn.execute(_RENEW, _bound(target, now=now, v_lease_expires_at=lease))
         return result.rowcount == 1
 
     async def complete(
@@ -229,20 +235,12 @@ class IdempotencyRecords:
     async def release(self, target: IdempotencyTarget) -> None:
         """Deletes a running record: the request was refused before it started (stores nothing)."""
         async with write_transaction(self._engine) as conn:
-            await conn.execute(
-                delete(idempotency_records).where(
-                    _where(target), idempotency_records.c.state == RUNNING
-                )
-            )
+            await conn.execute(_RELEASE, _bound(target))
 
     async def abandon(self, target: IdempotencyTarget) -> None:
         """The work started but ended with no answer to store: a retry gets no_answer."""
         async with write_transaction(self._engine) as conn:
-            await conn.execute(
-                update(idempotency_records)
-                .where(_where(target), idempotency_records.c.state == RUNNING)
-                .values(state=NO_ANSWER, lease_expires_at=None)
-            )
+            await conn.execute(_ABANDON, _bound(target))
 
     async def delete_expired(self, now: datetime) -> int:
         """Removes the records whose retention ended; the job sweep calls it."""

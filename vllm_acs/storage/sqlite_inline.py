@@ -62,15 +62,7 @@ _INLINE: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
 def inline_engine(engine: AsyncEngine) -> Engine:
     """The plain engine for write transactions on the same database file as `engine` (made
     once per engine): each transaction begins `BEGIN IMMEDIATE`."""
-    inline = _INLINE.get(engine.sync_engine)
-    if inline is None:
-        url = engine.url.set(drivername="sqlite")
-        # check_same_thread off: the CLI and tests may drive one engine from several loops.
-        inline = create_engine(url, connect_args={"check_same_thread": False})
-        event.listen(inline, "connect", _autocommit_driver)
-        event.listen(inline, "begin", _begin_immediate)
-        _INLINE[engine.sync_engine] = inline
-    return inline
+    return _plain_engine(engine, _INLINE, begin_immediate=True)
 
 
 _INLINE_READS: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
@@ -79,12 +71,24 @@ _INLINE_READS: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictio
 def inline_read_engine(engine: AsyncEngine) -> Engine:
     """The plain engine for point reads on the same file as `engine`: autocommit (no `BEGIN`,
     so no lock is taken and each statement reads the latest commit)."""
-    inline = _INLINE_READS.get(engine.sync_engine)
+    return _plain_engine(engine, _INLINE_READS, begin_immediate=False)
+
+
+def _plain_engine(
+    engine: AsyncEngine,
+    made: weakref.WeakKeyDictionary[Engine, Engine],
+    *,
+    begin_immediate: bool,
+) -> Engine:
+    inline = made.get(engine.sync_engine)
     if inline is None:
         url = engine.url.set(drivername="sqlite")
+        # check_same_thread off: the CLI and tests may drive one engine from several loops.
         inline = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(inline, "connect", _autocommit_driver)
-        _INLINE_READS[engine.sync_engine] = inline
+        if begin_immediate:
+            event.listen(inline, "begin", _begin_immediate)
+        made[engine.sync_engine] = inline
     return inline
 
 
