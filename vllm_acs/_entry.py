@@ -180,7 +180,12 @@ class AcsEndpointPlugin:
             raise RuntimeError("vllm_acs registry is not open: init_state did not run")
         # No read timeout: a stream lasts as long as the serving node streams.
         timeout = httpx.Timeout(connect=3.0, read=None, write=60.0, pool=60.0)
-        limits = httpx.Limits(keepalive_expiry=FORWARDING_KEEPALIVE_S)
+        # httpx's default pool (100 connections, 20 kept idle), idle ones dropped sooner.
+        limits = httpx.Limits(
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=FORWARDING_KEEPALIVE_S,
+        )
         self.forwarding_client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
         return ForwardingMiddleware(
             inner,
