@@ -43,7 +43,7 @@ serve: $(READY)
 	@echo
 	VLLM_ACS_MODEL_ID=$${VLLM_ACS_MODEL_ID:-tiny-llama} $(VENV)/bin/vllm-acs serve $(TINY_MODEL) \
 		--served-model-name vllm-acs/tiny-llama --host 127.0.0.1 --port $(PORT) \
-		--enforce-eager --max-model-len 2048
+		--max-model-len 2048
 
 bench: $(READY)
 	$(PY) -m benchmarks

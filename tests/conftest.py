@@ -24,8 +24,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def acs_server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
+    # Compiled, as `make serve` starts a node: the API's capture and steering tests run through
+    # the intervention op inside vLLM's compiled graph.
     with running_server(
-        tiny_model_dir, tmp_path_factory.mktemp("acs-home"), env={"VLLM_ACS_GPU_SHAPE": "cpu-test"}
+        tiny_model_dir,
+        tmp_path_factory.mktemp("acs-home"),
+        env={"VLLM_ACS_GPU_SHAPE": "cpu-test"},
+        compiled=True,
     ) as server:
         yield server
 

@@ -17,11 +17,11 @@ logger = logging.getLogger(__name__)
 PLUGIN_NAME = "acs"
 
 # Added to the operator's arguments unless they give the flag (or its --no- form) themselves:
-# -1 lets vLLM compute full-vocabulary prompt logprobs (the plugin caps positive counts), and the
-# capture and steering hooks run only in eager mode (the plugin refuses to start otherwise).
+# -1 lets vLLM compute full-vocabulary prompt logprobs (the plugin caps positive counts).
+# Compilation is the operator's (vLLM's default, `--enforce-eager`, `-O`, `--compilation-config`):
+# capture and steering run inside compiled graphs as a custom op (hooks/intervention_op.py).
 DEFAULT_SERVE_ARGS: dict[str, list[str]] = {
     "--max-logprobs": ["--max-logprobs", "-1"],
-    "--enforce-eager": ["--enforce-eager"],
 }
 
 

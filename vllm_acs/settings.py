@@ -78,6 +78,13 @@ class Settings:
     # Where workers write capture files for the API server to read (activations/store.py);
     # unset: /dev/shm/vllm-acs. Every process of one deployment on a host must agree.
     capture_dir: Path | None = None
+    # Each worker's capture buffer on the model's device, in MB: the rows one forward step can
+    # capture (a row is one token at one layer, 2 x hidden bytes). Fixed, whatever the depth or
+    # the batch; a step that would need more fails the captures that do not fit, with a message.
+    capture_buffer_mb: float = 256.0
+    # Each worker's steering bank: distinct steering vectors (summed per request, layer and
+    # position) in flight at once; a request that would need more fails, with a message.
+    steering_slots: int = 1024
     # The node's surface (shared/spec/DECISIONS.md): vLLM's routes outside the public API answer
     # 404 unless listed here (exact paths, e.g. `/tokenize,/version`; never under /v1). They are
     # served as vLLM serves them, without a key: for a node on a private network.

@@ -51,7 +51,7 @@ node() {  # port, short id, checkpoint name
   VLLM_ACS_MODEL_ID="$2" VLLM_ACS_HOME="$RUN/home-$1" \
     VLLM_ACS_ADVERTISE_URL="http://127.0.0.1:$1" \
     "$VENV/vllm-acs" serve "$MODEL" --served-model-name "$3" --host 127.0.0.1 --port "$1" \
-    --enforce-eager --max-model-len 2048 > "$RUN/node-$1.log" 2>&1 &
+    --max-model-len 2048 > "$RUN/node-$1.log" 2>&1 &
 }
 node 8001 tiny-llama vllm-acs/tiny-llama
 node 8002 tiny-llama vllm-acs/tiny-llama

@@ -2,8 +2,9 @@
 
 Started by tests/e2e/test_hooks_engine.py in a subprocess (vLLM keeps global state and spawns an
 EngineCore and a worker process; a subprocess keeps them out of the test process and bounded).
-Usage: python hooks_engine_driver.py MODEL_DIR OUT_FILE CONFIG
-(CONFIG: wide | chunked | preempt | compiled)
+Usage: python hooks_engine_driver.py MODEL_DIR OUT_FILE CONFIG [MODE]
+(CONFIG: wide | chunked | preempt; MODE: eager (default) | compiled, vLLM's default compilation
+on this build: inductor, which the intervention op must run inside)
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ def vector(seed: int, shape: tuple[int, ...]) -> np.ndarray:
 
 
 class Engine:
-    def __init__(self, model: str, max_num_batched_tokens: int, root: Path, **more: Any) -> None:
+    def __init__(
+        self, model: str, max_num_batched_tokens: int, root: Path, mode: str, **more: Any
+    ) -> None:
         from vllm import LLM
 
         self.root = root
         self.llm = LLM(
             model=model,
-            enforce_eager=True,
+            enforce_eager=mode == "eager",
             max_model_len=more.pop("max_model_len", 512),
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=32,
@@ -73,7 +76,11 @@ class Engine:
             requests.append(TokensPrompt(prompt_token_ids=ids))
             params.append(
                 SamplingParams(
-                    max_tokens=max_tokens, temperature=0, ignore_eos=True, extra_args=extra
+                    max_tokens=max_tokens,
+                    temperature=0,
+                    ignore_eos=True,
+                    logprobs=0,
+                    extra_args=extra,
                 )
             )
             payloads.append(payload)
@@ -81,9 +88,12 @@ class Engine:
         results = []
         for output, payload in zip(outputs, payloads, strict=True):
             generated = list(output.outputs[0].token_ids)
+            sampled = output.outputs[0].logprobs or []
             result: dict[str, Any] = {
                 "prompt": list(output.prompt_token_ids),
                 "generated": generated,
+                # The sampled tokens' logprobs: equal floats mean bit-identical logits there.
+                "logprobs": [step[t].logprob for step, t in zip(sampled, generated, strict=True)],
                 "num_cached_tokens": output.num_cached_tokens,
             }
             if payload is not None:
@@ -160,6 +170,19 @@ def scenarios_wide(engine: Engine) -> dict[str, Any]:
     out["batch_plain"] = engine.run(batch_items)
     out["batch_steered"] = engine.run([(q, 12, big), *batch_items[1:]])
 
+    # One batch: a steered request, a capturing one and two plain ones, against the same batch
+    # all plain: the plain rows are bit-identical, the capture lands in its own file.
+    mixed = prompts(14, [7, 15, 10, 21])
+    out["mixed_plain"] = engine.run([(ids, 10, None) for ids in mixed])
+    out["mixed"] = engine.run(
+        [
+            (mixed[0], 10, big),
+            (mixed[1], 10, {"capture_layers": (0, 2)}),
+            (mixed[2], 10, None),
+            (mixed[3], 10, None),
+        ]
+    )
+
     # norm_match against the full residual stream: steer layer 1 everywhere, capture all layers.
     [r] = prompts(7, [13])
     out["nm_plain"] = engine.run([(r, 4, {"capture_layers": ALL})])[0]
@@ -209,26 +232,42 @@ def scenarios_preempt(engine: Engine) -> dict[str, Any]:
     return out
 
 
+def op_calls_in_a_forward(engine: Engine) -> int:
+    """How many times the worker's intervention op ran in one forward pass of a capture request
+    (the worker counts them; a compiled graph without the op would count 0)."""
+
+    def count(worker: Any) -> int:
+        from vllm_acs.hooks.intervention_op import CPU_GATE
+
+        return CPU_GATE.calls_in_last_active_step
+
+    [p] = prompts(99, [5])
+    engine.run([(p, 1, {"capture_layers": (0,)})])
+    return engine.llm.collective_rpc(count)[0]
+
+
 def main() -> None:
     model, out_file, config = sys.argv[1], sys.argv[2], sys.argv[3]
-    root = Path(out_file).parent / f"captures-{config}"
+    mode = sys.argv[4] if len(sys.argv) > 4 else "eager"
+    root = Path(out_file).parent / f"captures-{config}-{mode}"
     root.mkdir(parents=True, exist_ok=True)
     os.environ["VLLM_ACS_CAPTURE_DIR"] = str(root)
-    if config == "compiled":
-        from vllm import LLM
-
-        # Must refuse to start: hooks would be traced away by torch.compile.
-        LLM(model=model, enforce_eager=False, max_model_len=512, seed=0)
-        raise SystemExit("the compiled engine started")
     if config == "preempt":
         engine = Engine(
-            model, 512, root, max_model_len=256, num_gpu_blocks_override=3, disable_log_stats=False
+            model,
+            512,
+            root,
+            mode,
+            max_model_len=256,
+            num_gpu_blocks_override=3,
+            disable_log_stats=False,
         )
         results = scenarios_preempt(engine)
     else:
-        engine = Engine(model, 2048 if config == "wide" else 32, root)
+        engine = Engine(model, 2048 if config == "wide" else 32, root, mode)
         results = scenarios_wide(engine) if config == "wide" else scenarios_chunked(engine)
     results["leftover_files"] = sorted(p.name for p in root.iterdir())
+    results["op_calls"] = op_calls_in_a_forward(engine)
     with open(out_file, "wb") as handle:
         pickle.dump(results, handle)
     # Stop the EngineCore and worker now; interpreter teardown after vLLM can hang for a minute.
@@ -242,4 +281,6 @@ if __name__ == "__main__":
     # Before vLLM is imported: load the acs general plugin (and nothing else), small KV cache.
     os.environ["VLLM_PLUGINS"] = "acs"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # collective_rpc with a function (op_calls_in_a_forward) pickles it to the worker.
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     main()

@@ -1,8 +1,9 @@
-"""Capture and steering in the real vLLM engine (offline `vllm.LLM`, CPU build, tiny Llama).
+"""Capture and steering in the real vLLM engine (offline `vllm.LLM`, CPU build, tiny Llama), in
+eager mode and in vLLM's default compiled mode (inductor), with the same tests.
 
-Each engine configuration runs once in a subprocess (hooks_engine_driver.py) that is bounded in
-time and killed with its process group; the tests below check its pickled results against
-`transformers` on the same weights and against unsteered runs.
+Each engine configuration runs once per mode in a subprocess (hooks_engine_driver.py) that is
+bounded in time and killed with its process group; the tests below check its pickled results
+against `transformers` on the same weights and against unsteered runs.
 """
 
 from __future__ import annotations
@@ -30,13 +31,18 @@ ROOT = Path(__file__).resolve().parents[2]
 ROW_TOLERANCE = 0.03
 
 
-def _run_driver(model_dir: Path, out_dir: Path, config: str, timeout: float) -> tuple[int, str]:
-    out_file = out_dir / f"{config}.pkl"
-    log_file = out_dir / f"{config}.log"
+MODES = ("eager", "compiled")
+
+
+def _run_driver(
+    model_dir: Path, out_dir: Path, config: str, mode: str, timeout: float
+) -> tuple[int, str]:
+    out_file = out_dir / f"{config}-{mode}.pkl"
+    log_file = out_dir / f"{config}-{mode}.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT)}
     with open(log_file, "w") as log:
         process = subprocess.Popen(
-            [sys.executable, str(DRIVER), str(model_dir), str(out_file), config],
+            [sys.executable, str(DRIVER), str(model_dir), str(out_file), config, mode],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -55,21 +61,26 @@ def _run_driver(model_dir: Path, out_dir: Path, config: str, timeout: float) -> 
     return code, log_file.read_text(errors="replace")
 
 
-def _results(model_dir: Path, out_dir: Path, config: str) -> dict[str, Any]:
-    code, log = _run_driver(model_dir, out_dir, config, timeout=150)
-    assert code == 0, f"driver {config} failed ({code}):\n{log[-4000:]}"
-    with open(out_dir / f"{config}.pkl", "rb") as handle:
+def _results(model_dir: Path, out_dir: Path, config: str, mode: str) -> dict[str, Any]:
+    code, log = _run_driver(model_dir, out_dir, config, mode, timeout=240)
+    assert code == 0, f"driver {config} ({mode}) failed ({code}):\n{log[-4000:]}"
+    with open(out_dir / f"{config}-{mode}.pkl", "rb") as handle:
         return pickle.load(handle)
 
 
-@pytest.fixture(scope="module")
-def wide(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _results(tiny_model_dir, tmp_path_factory.mktemp("hooks-wide"), "wide")
+@pytest.fixture(scope="module", params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def chunked(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _results(tiny_model_dir, tmp_path_factory.mktemp("hooks-chunked"), "chunked")
+def wide(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, mode: str):
+    return _results(tiny_model_dir, tmp_path_factory.mktemp("hooks-wide"), "wide", mode)
+
+
+@pytest.fixture(scope="module")
+def chunked(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, mode: str):
+    return _results(tiny_model_dir, tmp_path_factory.mktemp("hooks-chunked"), "chunked", mode)
 
 
 @pytest.fixture(scope="module")
@@ -112,10 +123,18 @@ def test_capture_does_not_read_the_prefix_cache(wide, reference):
     _check_against_reference(result, [0, 1, 2, 3], reference)
 
 
+def test_the_op_runs_inside_every_forward_pass(wide, mode):
+    """The worker counts the op's calls in a step: one per decoder layer, in the compiled graph
+    as in eager mode (a graph compiled without it, or with it traced away, would count 0)."""
+    assert wide["op_calls"] == 4
+
+
 def test_scale_zero_reproduces_the_unsteered_text_and_large_scale_changes_it(wide):
     baseline = wide["steer_baseline"]["generated"]
     assert len(baseline) == 16
+    # Bit-identical: the same tokens with the same logprobs (exact float equality).
     assert wide["steer_zero"]["generated"] == baseline
+    assert wide["steer_zero"]["logprobs"] == wide["steer_baseline"]["logprobs"]
     # The zero-scale request really went through the steering path (the workers say so).
     assert wide["steer_zero"]["header"].rows_done == 9 + 16 - 1
     assert wide["steer_big"]["generated"] != baseline
@@ -128,6 +147,16 @@ def test_steering_one_request_leaves_its_batchmates_unchanged(wide):
     assert steered[0]["generated"] != plain[0]["generated"]
     for before, after in zip(plain[1:], steered[1:], strict=True):
         assert after["generated"] == before["generated"]
+
+
+def test_plain_requests_beside_a_steered_and_a_capturing_one_are_bit_identical(wide, reference):
+    plain, mixed = wide["mixed_plain"], wide["mixed"]
+    assert mixed[0]["generated"] != plain[0]["generated"]  # the steered one changed
+    for before, after in zip(plain[1:], mixed[1:], strict=True):
+        assert after["generated"] == before["generated"]
+        assert after["logprobs"] == before["logprobs"]
+    _check_against_reference(mixed[1], [0, 2], reference)
+    assert "capture" not in mixed[2] and "capture" not in mixed[3]
 
 
 def _layer_rows(result: dict[str, Any]) -> np.ndarray:
@@ -182,19 +211,16 @@ def test_position_indices_in_a_later_prefill_chunk(chunked):
     _direction_check(steered[2, 5] - plain[2, 5], vectors[1], plain[2, 5], 2.0)
 
 
-def test_capture_and_steering_survive_preemption(tiny_model_dir: Path, tmp_path: Path, reference):
+@pytest.mark.parametrize("preempt_mode", MODES)
+def test_capture_and_steering_survive_preemption(
+    tiny_model_dir: Path, tmp_path: Path, reference, preempt_mode: str
+):
     """A preempted request loses its KV blocks and is recomputed from position 0: its rows must
     still be complete and right, and a steered request's text unchanged by a zero vector."""
-    result = _results(tiny_model_dir, tmp_path, "preempt")
+    result = _results(tiny_model_dir, tmp_path, "preempt", preempt_mode)
     assert result["preemptions"] >= 1
     for captured in result["captured"]:
         _check_against_reference(captured, [0, 1, 2, 3], reference)
     for plain, captured in zip(result["plain"], result["captured"], strict=True):
         assert captured["generated"] == plain["generated"]
     assert result["leftover_files"] == []
-
-
-def test_a_compiled_engine_refuses_to_start(tiny_model_dir: Path, tmp_path: Path):
-    code, log = _run_driver(tiny_model_dir, tmp_path, "compiled", timeout=90)
-    assert code not in (0, -1), log[-4000:]
-    assert "UnsupportedSetupError" in log and "--enforce-eager" in log

@@ -1,32 +1,60 @@
-"""Capture on plain tensors: gather of hidden + residual, layer slots, rows to each target."""
+"""Capture as capture-buffer rows, on plain tensors: the rows a step gives each request, the op
+copying the stream there, the rows filed per request; a buffer too small for a step."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from vllm_acs.hooks.capture import CapturePlanner, StagingBuffer
+from vllm_acs.hooks.capture import CaptureTable, file_rows
+from vllm_acs.hooks.intervention_buffers import InterventionBuffers
+from vllm_acs.hooks.intervention_op import CAPTURE_ROW, apply_interventions
 
 HIDDEN = 4
 
 
+def _buffers(capture_rows: int) -> InterventionBuffers:
+    return InterventionBuffers(
+        n_layers=3,
+        hidden=HIDDEN,
+        max_tokens=16,
+        bank_slots=2,
+        capture_mb=capture_rows * 2 * HIDDEN / (1024 * 1024),
+        device=torch.device("cpu"),
+    )
+
+
 def test_rows_of_each_request_land_at_their_positions_and_layers():
-    staging = StagingBuffer(HIDDEN, torch.bfloat16, torch.device("cpu"))
+    buffers = _buffers(64)
     a = np.zeros((10, 2, HIDDEN), dtype=np.int16)  # bf16 bits, layers (0, 2)
     b = np.zeros((10, 1, HIDDEN), dtype=np.int16)  # layer (1,)
     # Batch of 7 rows: a plain request (rows 0-1), A's chunk at positions 4..6 (rows 2-4),
     # B decoding position 8 (row 6).
-    planner = CapturePlanner([(a, (0, 2)), (b, (1,))], staging)
-    step = planner.plan(np.array([2, 6]), np.array([3, 1]), np.array([4, 8]))
-    assert step is not None and step.slot_of_layer == {0: 0, 1: 1, 2: 2}
-    assert step.token_index.tolist() == [2, 3, 4, 6]
+    table = CaptureTable([(a, (0, 2)), (b, (1,))])
+    step = table.plan(
+        buffers.host_view,
+        buffers.capture_rows,
+        np.array([2, 6]),
+        np.array([3, 1]),
+        np.array([4, 8]),
+    )
+    assert step.rows == 3 * 2 + 1 and step.touched == {0, 1, 2} and step.overflow == []
+    # Tokens that capture nothing at a layer write the scratch row.
+    assert buffers.host_view[0, CAPTURE_ROW].tolist() == [buffers.scratch_row] * 3
     outputs = {}
     for layer in range(3):
         hidden = torch.arange(7 * HIDDEN, dtype=torch.float32).reshape(7, HIDDEN) + 100 * layer
         residual = torch.ones(7, HIDDEN)
-        step.gather(layer, hidden.bfloat16(), residual.bfloat16())
+        apply_interventions(
+            hidden.bfloat16(),
+            residual.bfloat16(),
+            buffers.bank,
+            buffers.indices,
+            buffers.capture_buffer,
+            layer,
+        )
         outputs[layer] = (hidden + residual).bfloat16().view(torch.int16).numpy()
-    step.write_out()
+    file_rows(buffers.read_capture_rows(step.rows), step.segments)
     assert np.array_equal(a[4:7, 0], outputs[0][2:5])
     assert np.array_equal(a[4:7, 1], outputs[2][2:5])
     assert np.array_equal(b[8, 0], outputs[1][6])
@@ -34,17 +62,34 @@ def test_rows_of_each_request_land_at_their_positions_and_layers():
 
 
 def test_a_step_without_rows_to_keep_plans_nothing():
-    planner = CapturePlanner(
-        [(np.zeros((4, 1, HIDDEN), dtype=np.int16), (0,))],
-        StagingBuffer(HIDDEN, torch.bfloat16, torch.device("cpu")),
+    buffers = _buffers(8)
+    table = CaptureTable([(np.zeros((4, 1, HIDDEN), dtype=np.int16), (0,))])
+    step = table.plan(buffers.host_view, 8, np.array([3]), np.array([0]), np.array([4]))
+    assert step.rows == 0 and step.segments == [] and step.touched == set()
+
+
+def test_requests_that_do_not_fit_in_the_buffer_are_named_and_get_no_rows():
+    buffers = _buffers(8)
+    files = [np.zeros((10, 2, HIDDEN), dtype=np.int16) for _ in range(3)]
+    table = CaptureTable([(f, (0, 1)) for f in files])
+    # 2 + 3 + 1 tokens at 2 layers: 4 + 6 rows fit in 8? The first (4) does, the second (10)
+    # does not, and the third comes after it.
+    step = table.plan(
+        buffers.host_view, 8, np.array([0, 2, 5]), np.array([2, 3, 1]), np.array([0, 0, 0])
     )
-    assert planner.plan(np.array([3]), np.array([0]), np.array([4])) is None
+    assert step.overflow == [1, 2]
+    assert [s.first_row for s in step.segments] == [0] and step.rows == 4
+    assert (buffers.host_view[2:6, CAPTURE_ROW, :2] == buffers.scratch_row).all()
 
 
-def test_the_staging_buffer_is_reused_and_grows_only_when_needed():
-    staging = StagingBuffer(HIDDEN, torch.bfloat16, torch.device("cpu"))
-    first = staging.take(2, 10)
-    again = staging.take(1, 5)
-    assert again.data_ptr() == first.data_ptr()
-    bigger = staging.take(3, 100)
-    assert bigger.shape == (3, 100, HIDDEN)
+def test_the_buffer_size_follows_the_setting_not_the_depth_or_batch():
+    small = InterventionBuffers(
+        n_layers=80,
+        hidden=8192,
+        max_tokens=8192,
+        bank_slots=2,
+        capture_mb=64,
+        device=torch.device("cpu"),
+    )
+    assert small.capture_rows == 64 * 1024 * 1024 // (2 * 8192)
+    assert small.capture_buffer.shape == (small.capture_rows + 1, 8192)

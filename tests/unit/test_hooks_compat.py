@@ -1,5 +1,6 @@
-"""compat.py without an engine: layer discovery, the request patch, post-import patching, the
-runner wrapper (on a stand-in runner)."""
+"""compat.py without an engine: layer discovery, the request patch, the runner choice, the
+compile-cache key, post-import patching, the op on the layers and the runner wrapper (on a
+stand-in runner)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ from vllm_acs.activations.payload import AcsPayload, SteeringEntry
 from vllm_acs.activations.store import check_applied
 from vllm_acs.hooks import compat
 from vllm_acs.hooks.compat import UnsupportedSetupError, decoder_layers
+from vllm_acs.hooks.intervention_buffers import InterventionBuffers
 from vllm_acs.hooks.post_import import when_imported
 from vllm_acs.hooks.runtime import ActivationRuntime
+
+CPU = torch.device("cpu")
 
 
 class _FusedResidualLayer(torch.nn.Module):
@@ -72,22 +76,82 @@ class _EngineRequest:
     request_id: str
     sampling_params: _Params | None
     cache_salt: str | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class _Request:
     @classmethod
     def from_engine_core_request(cls, request: _EngineRequest, block_hasher: Any) -> tuple:
-        return cls, request.sampling_params.skip_reading_prefix_cache, request.cache_salt
+        return request.sampling_params.skip_reading_prefix_cache, request.cache_salt
 
 
-def test_acs_requests_neither_read_nor_feed_the_prefix_cache():
+def _through_patch(payload: AcsPayload | dict[str, Any], prompt_len: int = 6, salt=None):
+    extra = payload.to_extra_args() if isinstance(payload, AcsPayload) else payload
+    request = _EngineRequest("r1", _Params(extra), salt, list(range(prompt_len)))
+    return _Request.from_engine_core_request(request, None)
+
+
+def _steer(scale: float = 1.0, positions=None, vector: float = 1.0) -> SteeringEntry:
+    shape = (1, 4) if positions is None else (1, len(positions), 4)
+    return SteeringEntry(
+        encode_array(np.full(shape, vector, dtype=np.float32)), (1,), scale, False, positions
+    )
+
+
+def test_prefix_cache_isolation_of_captures_and_steered_requests():
     module = types.SimpleNamespace(Request=_Request)
     compat._patch_request(module)
     compat._patch_request(module)  # idempotent
-    acs = _EngineRequest("r1", _Params({"acs": "{}"}), cache_salt="user")
-    assert _Request.from_engine_core_request(acs, None) == (_Request, True, "user|acs:r1")
+    # A capture never reads cached blocks; its KV is plain KV, so it is not salted.
+    assert _through_patch(AcsPayload("c", capture_layers=(0,)), salt="user") == (True, "user")
+    # Steered requests read and feed only the blocks of requests steered the same way.
+    read, salt = _through_patch(AcsPayload("s1", steering=(_steer(),)))
+    assert not read and salt.startswith("|acs-steer:")
+    assert _through_patch(AcsPayload("s2", steering=(_steer(),))) == (False, salt)
+    others = [
+        AcsPayload("s3", steering=(_steer(scale=2.0),)),
+        AcsPayload("s4", steering=(_steer(vector=0.5),)),
+        AcsPayload("s5", steering=(_steer(positions=(2,)),)),
+        AcsPayload("s6", steering=(_steer(), _steer())),
+    ]
+    salts = {_through_patch(payload)[1] for payload in others}
+    assert salt not in salts and len(salts) == len(others)
+    # A negative position means another token on a prompt of another length.
+    minus_one = AcsPayload("s7", steering=(_steer(positions=(-1,)),))
+    assert _through_patch(minus_one, prompt_len=6)[1] != _through_patch(minus_one, prompt_len=7)[1]
+    assert (
+        _through_patch(minus_one, prompt_len=6)[1]
+        == _through_patch(AcsPayload("s8", steering=(_steer(positions=(5,)),)), prompt_len=6)[1]
+    )
+    # A payload the worker will fail keeps its blocks to itself.
+    assert _through_patch({"acs": "{}"}, salt="user") == (True, "user|acs:r1")
     plain = _EngineRequest("r2", _Params({"acs_temperature_scale": 2.0}))
-    assert _Request.from_engine_core_request(plain, None) == (_Request, False, None)
+    assert _Request.from_engine_core_request(plain, None) == (False, None)
+
+
+def test_the_v1_runner_is_chosen_unless_the_operator_chose():
+    environ: dict[str, str] = {}
+    compat.choose_v1_runner(environ)
+    assert environ == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    environ = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    compat.choose_v1_runner(environ)
+    assert environ == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+
+
+def test_the_compile_cache_key_changes_with_the_op_set(monkeypatch: pytest.MonkeyPatch):
+    """vLLM's AOT and inductor cache directories are named by hashes of the config: a graph
+    compiled without the op (plain vLLM) or with another op set is never loaded with this one."""
+    from vllm.compilation.caching import aot_compile_hash_factors
+    from vllm.config import VllmConfig
+
+    config = VllmConfig()
+    plain = aot_compile_hash_factors(config)
+    compat.mark_compile_cache(config)
+    with_op = aot_compile_hash_factors(config)
+    assert with_op != plain
+    monkeypatch.setattr(compat, "OP_SET_VERSION", compat.OP_SET_VERSION + "-next")
+    compat.mark_compile_cache(config)
+    assert aot_compile_hash_factors(config) not in (plain, with_op)
 
 
 def test_patches_run_when_the_module_is_imported(tmp_path, monkeypatch: pytest.MonkeyPatch):
@@ -110,23 +174,26 @@ class _Runner:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.input_batch = types.SimpleNamespace(
-            req_id_to_index={}, num_computed_tokens_cpu=np.zeros(4, dtype=np.int32)
+            req_id_to_index={}, num_computed_tokens_cpu=np.zeros(4, dtype=np.int32), num_reqs=0
         )
         self.query_start_loc = types.SimpleNamespace(np=np.zeros(5, dtype=np.int32))
+        self.outputs: list[torch.Tensor] = []
 
     def execute_model(self, scheduler_output: Any) -> None:
         batch = scheduler_output.batch  # request id -> (first position, tokens)
         self.input_batch.req_id_to_index = {req_id: i for i, req_id in enumerate(batch)}
+        self.input_batch.num_reqs = len(batch)
         lengths = [tokens for _, tokens in batch.values()]
         self.query_start_loc.np[: len(lengths) + 1] = np.cumsum([0, *lengths])
         self.input_batch.num_computed_tokens_cpu[: len(batch)] = [p for p, _ in batch.values()]
-        hidden = torch.zeros(sum(lengths), 4)
-        self._model_forward(hidden)
+        hidden = torch.zeros(sum(lengths), 4, dtype=torch.bfloat16)
+        self.outputs.append(self._model_forward(hidden))
 
-    def _model_forward(self, hidden: torch.Tensor) -> None:
+    def _model_forward(self, hidden: torch.Tensor) -> torch.Tensor:
         residual = torch.zeros_like(hidden)
         for layer in self.model.model.layers:
             hidden, residual = layer(None, hidden, residual)
+        return hidden + residual
 
 
 def _scheduled(batch, new=(), finished=()):
@@ -144,38 +211,34 @@ def _scheduled(batch, new=(), finished=()):
     )
 
 
-def test_only_the_layers_in_use_are_hooked_and_only_while_in_use(tmp_path):
+def test_the_op_on_every_layer_steers_and_captures_the_right_rows(tmp_path):
     model = _model(_FusedResidualLayer, n=4)
     layers = decoder_layers(model)
-    runtime = ActivationRuntime(
-        n_layers=4,
-        hidden=4,
-        device=torch.device("cpu"),
-        root=tmp_path,
-        writes_files=True,
+    buffers = InterventionBuffers(
+        n_layers=4, hidden=4, max_tokens=16, bank_slots=8, capture_mb=0.01, device=CPU
     )
+    runtime = ActivationRuntime(buffers=buffers, root=tmp_path, writes_files=True)
+    compat.put_op_on_layers(layers, buffers)
+    assert type(layers[0]).__name__ == "_FusedResidualLayer" and layers[0].acs_layer == 0
     runner = _Runner(model)
-    compat._wrap_runner(runner, runtime, layers)
-
-    def hooked() -> list[int]:
-        return [i for i, layer in enumerate(layers) if layer._forward_hooks]
+    compat._wrap_runner(runner, runtime)
 
     runner.execute_model(_scheduled({"plain": (0, 3)}))
-    assert hooked() == []
+    assert not runner.outputs[-1].any()
     vector = encode_array(np.ones((1, 4), dtype=np.float32))
     steer = AcsPayload("s", steering=(SteeringEntry(vector, (2,)),))
-    runner.execute_model(_scheduled({"S": (0, 3)}, new=[("S", steer)]))
-    assert hooked() == [2]
+    runner.execute_model(_scheduled({"plain": (3, 1), "S": (0, 3)}, new=[("S", steer)]))
+    assert runner.outputs[-1][:, 0].tolist() == [0.0, 1.0, 1.0, 1.0]
     runner.execute_model(
-        _scheduled({"S": (3, 1), "C": (0, 3)}, new=[("C", AcsPayload("c", capture_layers=(0,)))])
+        _scheduled({"S": (3, 1), "C": (0, 3)}, new=[("C", AcsPayload("c", capture_layers=(0, 3)))])
     )
-    assert hooked() == [0, 2]
+    assert runner.outputs[-1][:, 0].tolist() == [1.0, 0.0, 0.0, 0.0]
     runner.execute_model(_scheduled({"C": (3, 1)}, finished=["S"]))
-    assert hooked() == [0]
     assert check_applied("s", n_rows=4, root=tmp_path).rows_done == 4
-    runner.execute_model(_scheduled({}, finished=["C"]))
-    assert hooked() == []
+    runner.execute_model(_scheduled({"plain": (4, 1)}, finished=["C"]))
     assert check_applied("c", n_rows=4, root=tmp_path).rows_done == 4
+    assert not runtime.needs_step and not runner.outputs[-1].any()
+    assert buffers.steering.free_slots == 7  # the vector's slot is free again
 
 
 # Run in a fresh interpreter: the tile state, once granted, stays for the process's life.

@@ -16,19 +16,23 @@ from vllm_acs.activations.store import (
     check_applied,
     read_capture,
 )
+from vllm_acs.hooks.intervention_buffers import InterventionBuffers
+from vllm_acs.hooks.intervention_op import intervene
 from vllm_acs.hooks.runtime import ActivationRuntime, NewRequest
 
 HIDDEN = 4
 
 
-def _runtime(root: Path) -> ActivationRuntime:
-    return ActivationRuntime(
+def _runtime(root: Path, capture_rows: int = 1024, steering_slots: int = 16) -> ActivationRuntime:
+    buffers = InterventionBuffers(
         n_layers=2,
         hidden=HIDDEN,
+        max_tokens=32,
+        bank_slots=steering_slots,
+        capture_mb=capture_rows * 2 * HIDDEN / (1024 * 1024),
         device=torch.device("cpu"),
-        root=root,
-        writes_files=True,
     )
+    return ActivationRuntime(buffers=buffers, root=root, writes_files=True)
 
 
 def _new(req_id: str, payload: AcsPayload | None, prompt_len: int, max_tokens: int):
@@ -36,14 +40,14 @@ def _new(req_id: str, payload: AcsPayload | None, prompt_len: int, max_tokens: i
     return NewRequest(req_id, extra, prompt_len, max_tokens)
 
 
-def _step(runtime: ActivationRuntime, batch: list[tuple[str, int, int]], layers=None):
+def _step(runtime: ActivationRuntime, batch: list[tuple[str, int, int]], layers=(0, 1)):
     """batch: (request id, first position, number of tokens). Layer l's output for a token at
     position p of request r is hidden = p + 10 l + 50 r_index, residual = 1 (exact in bf16).
-    The hooks of `layers` run (default: the layers the runtime asks to hook)."""
-    layers = runtime.hook_layers if layers is None else layers
+    The op runs on `layers` (a model runs it on all), as compiled code calls it."""
     index = {req_id: i for i, (req_id, _, _) in enumerate(batch)}
     starts = np.cumsum([0] + [n for _, _, n in batch])
-    runtime.begin_step(index, starts, np.array([p for _, p, _ in batch]))
+    runtime.begin_step(index, starts, np.array([p for _, p, _ in batch]), int(starts[-1]))
+    buffers = runtime.buffers
     seen: dict[int, torch.Tensor] = {}
     for layer in layers:
         values = [
@@ -51,7 +55,7 @@ def _step(runtime: ActivationRuntime, batch: list[tuple[str, int, int]], layers=
         ]
         hidden = torch.tensor(values, dtype=torch.float32)[:, None].repeat(1, HIDDEN).bfloat16()
         residual = torch.ones_like(hidden)
-        runtime.on_layer(layer, hidden, residual)
+        intervene()(hidden, residual, buffers.bank, buffers.indices, buffers.capture_buffer, layer)
         seen[layer] = hidden
     runtime.end_step(True)
     return seen
@@ -89,13 +93,51 @@ def test_capture_over_chunks_and_decode_and_steering_of_one_request(tmp_path: Pa
     assert not runtime.active
 
 
-def test_a_forward_pass_that_skips_the_hooks_fails_the_request(tmp_path: Path):
+def test_a_forward_pass_that_skips_the_op_fails_the_request(tmp_path: Path):
     runtime = _runtime(tmp_path)
     runtime.add_requests([_new("A", AcsPayload("a", capture_layers=(0, 1)), 3, 2)])
-    assert runtime.hook_layers == (0, 1)
-    _step(runtime, [("A", 0, 3)], layers=(0,))  # layer 1's hook never ran
-    with pytest.raises(CaptureIncompleteError, match="hooks ran on 1 of 2 hooked layers"):
+    _step(runtime, [("A", 0, 3)], layers=(0,))  # layer 1's op never ran
+    with pytest.raises(CaptureIncompleteError, match="op ran on 1 of 2 layers"):
         check_applied("a", n_rows=1, root=tmp_path)
+
+
+def test_captures_that_overflow_the_buffer_fail_with_a_message_and_others_keep_their_rows(
+    tmp_path: Path,
+):
+    runtime = _runtime(tmp_path, capture_rows=8)
+    runtime.add_requests(
+        [
+            _new("A", AcsPayload("a", capture_layers=(0, 1)), 3, 2),
+            _new("B", AcsPayload("b", capture_layers=(0, 1)), 5, 2),
+        ]
+    )
+    _step(runtime, [("A", 0, 3), ("B", 0, 5)])  # A: 6 rows, B would need 10 more
+    with pytest.raises(CaptureIncompleteError, match="capture buffer"):
+        check_applied("b", n_rows=1, root=tmp_path)
+    _step(runtime, [("A", 3, 1), ("B", 5, 1)])
+    rows = bf16_bits_to_float(read_capture("a", n_layers=2, hidden=HIDDEN, n_rows=4, root=tmp_path))
+    assert rows[1, :, 0].tolist() == [11.0, 12.0, 13.0, 14.0]
+
+
+def test_a_steering_bank_too_small_fails_the_request_that_does_not_fit(tmp_path: Path):
+    runtime = _runtime(tmp_path, steering_slots=2)  # the zero row and one slot
+    one = encode_array(np.ones((1, HIDDEN), dtype=np.float32))
+    two = encode_array(np.full((1, HIDDEN), 2.0, dtype=np.float32))
+    runtime.add_requests(
+        [
+            _new("A", AcsPayload("a", steering=(SteeringEntry(one, (1,)),)), 3, 2),
+            _new("B", AcsPayload("b", steering=(SteeringEntry(one, (0,)),)), 3, 2),  # shares
+            _new("C", AcsPayload("c", steering=(SteeringEntry(two, (1,)),)), 3, 2),
+        ]
+    )
+    seen = _step(runtime, [("A", 0, 3), ("B", 0, 3), ("C", 0, 3)])
+    assert seen[1][:, 0].tolist() == [11.0, 12.0, 13.0, 60.0, 61.0, 62.0, 110.0, 111.0, 112.0]
+    assert seen[0][3:6, 0].tolist() == [51.0, 52.0, 53.0]
+    with pytest.raises(CaptureIncompleteError, match="steering bank"):
+        check_applied("c", n_rows=3, root=tmp_path)
+    assert check_applied("a", n_rows=3, root=tmp_path).rows_done == 3
+    runtime.finish_requests(["A", "B", "C"])
+    assert runtime.buffers.steering.free_slots == 1
 
 
 def test_a_payload_the_model_cannot_serve_fails_loudly(tmp_path: Path):
@@ -124,6 +166,8 @@ def test_idle_steps_plan_nothing(tmp_path: Path):
     runtime = _runtime(tmp_path)
     runtime.add_requests([_new("B", None, 3, 2)])
     assert not runtime.active
-    runtime.begin_step({"B": 0}, np.array([0, 3]), np.array([0]))
-    assert not runtime.stepping
+    assert not runtime.needs_step  # compat skips begin_step and end_step altogether
+    runtime.add_requests([_new("W", AcsPayload("w", capture_layers=(0,)), 3, 2)])
+    runtime.begin_step({"B": 0}, np.array([0, 3]), np.array([0]), 3)  # W still waits
+    assert not runtime.stepping and not runtime.buffers.dirty
     runtime.end_step(True)

@@ -1,4 +1,5 @@
-"""Steering on plain tensors: which rows get which vector, scale, norm_match, positions."""
+"""Steering as bank slots, on plain tensors: which tokens get which vector, scale, norm_match,
+positions; and the op's math that adds them (hooks/steering.py, hooks/intervention_op.py)."""
 
 from __future__ import annotations
 
@@ -8,62 +9,83 @@ import torch
 
 from vllm_acs.activations.codec import encode_array
 from vllm_acs.activations.payload import SteeringEntry
+from vllm_acs.hooks.intervention_buffers import BankFullError, InterventionBuffers
+from vllm_acs.hooks.intervention_op import apply_interventions
 from vllm_acs.hooks.steering import (
-    SteeringPlanner,
     SteeringSpecError,
-    apply_layer_steer,
+    SteeringTable,
+    request_slots,
+    slot_vectors,
     steering_rows,
 )
 
 HIDDEN = 8
-CPU = torch.device("cpu")
+N_LAYERS = 4
 
 
 def _rows(vectors: np.ndarray, layers: tuple[int, ...], prompt_len: int = 10, **more):
     entry = SteeringEntry(activations=encode_array(vectors), layer_indices=layers, **more)
-    return steering_rows([entry], n_layers=4, hidden=HIDDEN, prompt_len=prompt_len, device=CPU)
+    return steering_rows([entry], n_layers=N_LAYERS, hidden=HIDDEN, prompt_len=prompt_len)
 
 
-def _arrays(segments, column: int) -> np.ndarray:
-    return np.array([segment[column] for segment in segments], dtype=np.int64)
+def _buffers(slots: int = 16) -> InterventionBuffers:
+    return InterventionBuffers(
+        n_layers=N_LAYERS,
+        hidden=HIDDEN,
+        max_tokens=16,
+        bank_slots=slots,
+        capture_mb=0.01,
+        device=torch.device("cpu"),
+    )
 
 
-def plan_layer_steers(segments):
-    """One step of a new planner. segments: (rows, first batch row, tokens, first position)."""
-    planner = SteeringPlanner([rows for rows, *_ in segments])
-    return planner.plan(_arrays(segments, 1), _arrays(segments, 2), _arrays(segments, 3))
+class _Step:
+    """One step: requests' rows, their first batch row, tokens in the step, first position."""
 
+    def __init__(self, segments, buffers: InterventionBuffers | None = None) -> None:
+        self.buffers = buffers or _buffers()
+        requests = [
+            request_slots(slot_vectors(rows), self.buffers.steering.acquire)
+            for rows, *_ in segments
+        ]
+        table = SteeringTable(requests)
+        columns = [np.array([s[k] for s in segments], dtype=np.int64) for k in (1, 2, 3)]
+        self.touched = table.write(self.buffers.host_view, *columns)
 
-def _apply(plan, layer: int, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    hidden = hidden.clone()
-    apply_layer_steer(hidden, residual, plan[layer])
-    return hidden
+    def apply(self, layer: int, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.clone()
+        buffers = self.buffers
+        apply_interventions(
+            hidden, residual, buffers.bank, buffers.indices, buffers.capture_buffer, layer
+        )
+        return hidden
 
 
 def test_a_vector_is_added_to_its_request_rows_only():
-    ones = np.ones((1, HIDDEN), dtype=np.float32)
-    rows = _rows(ones, (1,), scale=3.0)
-    # Batch: request A rows 0-2 (steered), request B rows 3-4 (not in the plan).
-    plan = plan_layer_steers([(rows, 0, 3, 0)])
-    assert set(plan) == {1}
-    hidden, residual = torch.zeros(5, HIDDEN), torch.zeros(5, HIDDEN)
-    out = _apply(plan, 1, hidden, residual)
+    rows = _rows(np.ones((1, HIDDEN), dtype=np.float32), (1,), scale=3.0)
+    # Batch: request A rows 0-2 (steered), request B rows 3-4 (not steered).
+    step = _Step([(rows, 0, 3, 0)])
+    assert step.touched == {1}
+    out = step.apply(1, torch.zeros(5, HIDDEN), torch.zeros(5, HIDDEN))
     assert torch.equal(out[:3], torch.full((3, HIDDEN), 3.0))
     assert torch.equal(out[3:], torch.zeros(2, HIDDEN))
+    assert torch.equal(step.apply(0, torch.zeros(5, HIDDEN), torch.zeros(5, HIDDEN)), out * 0)
 
 
 def test_one_row_per_layer_index():
     vectors = np.stack([np.full(HIDDEN, 1.0), np.full(HIDDEN, 2.0)]).astype(np.float32)
-    plan = plan_layer_steers([(_rows(vectors, (0, 2)), 0, 2, 0)])
-    assert torch.equal(plan[0].delta, torch.ones(2, HIDDEN))
-    assert torch.equal(plan[2].delta, torch.full((2, HIDDEN), 2.0))
+    step = _Step([(_rows(vectors, (0, 2)), 0, 2, 0)])
+    assert step.touched == {0, 2}
+    zeros = torch.zeros(2, HIDDEN)
+    assert torch.equal(step.apply(0, zeros, zeros), torch.ones(2, HIDDEN))
+    assert torch.equal(step.apply(2, zeros, zeros), torch.full((2, HIDDEN), 2.0))
 
 
 def test_scale_zero_adds_exactly_nothing():
     rows = _rows(np.ones((1, HIDDEN), dtype=np.float32), (0,), scale=0.0, norm_match=True)
     hidden = torch.randn(4, HIDDEN).to(torch.bfloat16)
-    out = _apply(plan_layer_steers([(rows, 0, 4, 0)]), 0, hidden, hidden.clone())
-    assert torch.equal(out, hidden)
+    out = _Step([(rows, 0, 4, 0)]).apply(0, hidden, hidden.clone())
+    assert torch.equal(out.view(torch.int16), hidden.view(torch.int16))
 
 
 def test_norm_match_uses_the_full_residual_stream():
@@ -74,39 +96,46 @@ def test_norm_match_uses_the_full_residual_stream():
     hidden[0, 1] = 3.0
     residual = torch.zeros(1, HIDDEN)
     residual[0, 2] = 4.0  # |hidden + residual| = 5, |hidden| alone = 3
-    out = _apply(plan_layer_steers([(rows, 0, 1, 0)]), 0, hidden, residual)
+    out = _Step([(rows, 0, 1, 0)]).apply(0, hidden, residual)
     assert out[0, 0].item() == pytest.approx(0.5 * 5.0)
 
 
 def test_position_indices_follow_absolute_positions_across_chunks_and_decode():
-    vectors = np.stack([np.full((2, HIDDEN), 1.0), np.full((2, HIDDEN), 1.0)])[:1]
+    vectors = np.ones((1, 2, HIDDEN), dtype=np.float32)
     vectors[0, 1] = 2.0
     # Prompt of 10: -1 is position 9; 11 is the second generated token's position.
-    rows = _rows(vectors.astype(np.float32), (0,), prompt_len=10, position_indices=(-1, 11))
+    rows = _rows(vectors, (0,), prompt_len=10, position_indices=(-1, 11))
     assert rows[0].positions == (9, 11)
+    zeros = torch.zeros(12, HIDDEN)
     # First chunk, positions 0..7 at batch rows 4..11: nothing to steer.
-    assert plan_layer_steers([(rows, 4, 8, 0)]) == {}
+    assert _Step([(rows, 4, 8, 0)]).touched == set()
     # Second chunk, positions 8..9 at batch rows 2..3: position 9 -> batch row 3, vector 0.
-    plan = plan_layer_steers([(rows, 2, 2, 8)])
-    assert plan[0].token_index.tolist() == [3]
-    assert torch.equal(plan[0].delta, torch.ones(1, HIDDEN))
+    out = _Step([(rows, 2, 2, 8)]).apply(0, zeros, zeros)
+    assert out[:, 0].nonzero().flatten().tolist() == [3] and out[3, 0].item() == 1.0
     # Decode of position 11 at batch row 6: vector 1.
-    plan = plan_layer_steers([(rows, 6, 1, 11)])
-    assert plan[0].token_index.tolist() == [6]
-    assert torch.equal(plan[0].delta, torch.full((1, HIDDEN), 2.0))
+    out = _Step([(rows, 6, 1, 11)]).apply(0, zeros, zeros)
+    assert out[:, 0].nonzero().flatten().tolist() == [6] and out[6, 0].item() == 2.0
 
 
 def test_several_requests_and_overlapping_vectors_add_up():
     a = _rows(np.ones((1, HIDDEN), dtype=np.float32), (1,))
     b = _rows(np.ones((1, HIDDEN), dtype=np.float32), (1,), scale=-2.0, norm_match=True)
-    plan = plan_layer_steers([(a + a, 0, 1, 5), (b, 1, 2, 0)])
-    hidden = torch.zeros(3, HIDDEN)
+    step = _Step([(a + a + b, 0, 1, 5), (b, 1, 2, 0)])
     residual = torch.zeros(3, HIDDEN)
-    residual[1:, 0] = 4.0
-    out = _apply(plan, 1, hidden, residual)
-    assert torch.equal(out[0], torch.full((HIDDEN,), 2.0))
-    expected = -2.0 * 4.0 / np.sqrt(HIDDEN)
-    np.testing.assert_allclose(out[1:].numpy(), np.full((2, HIDDEN), expected), rtol=1e-6)
+    residual[:, 0] = 4.0
+    out = step.apply(1, torch.zeros(3, HIDDEN), residual)
+    unit = 1.0 / np.sqrt(HIDDEN)
+    # Request 0: both plain vectors, plus its norm-matched one at the stream's norm (4).
+    np.testing.assert_allclose(out[0].numpy(), np.full(HIDDEN, 2.0 - 2.0 * 4.0 * unit), rtol=1e-6)
+    np.testing.assert_allclose(out[1:].numpy(), np.full((2, HIDDEN), -8.0 * unit), rtol=1e-6)
+
+
+def test_every_position_and_position_indexed_rows_of_one_layer_add_up():
+    everywhere = _rows(np.ones((1, HIDDEN), dtype=np.float32), (0,))
+    indexed = _rows(np.full((1, 1, HIDDEN), 3.0, dtype=np.float32), (0,), position_indices=(5,))
+    step = _Step([(everywhere, 0, 2, 4), (everywhere + indexed, 2, 3, 4)])
+    out = step.apply(0, torch.zeros(5, HIDDEN), torch.zeros(5, HIDDEN))
+    assert out[:, 0].tolist() == [1.0, 1.0, 1.0, 4.0, 1.0]
 
 
 @pytest.mark.parametrize(
@@ -126,29 +155,17 @@ def test_entries_that_do_not_fit_are_refused(vectors, layers, more, message):
         _rows(vectors.astype(np.float32), layers, prompt_len=10, **more)
 
 
-def test_a_repeated_decode_step_reuses_its_plan_and_a_changed_one_does_not():
-    rows = _rows(np.ones((1, HIDDEN), dtype=np.float32), (1,))
-    other = _rows(np.full((1, HIDDEN), 2.0, dtype=np.float32), (1,))
-    planner = SteeringPlanner([rows, other])
-
-    def step(starts, lengths, positions):
-        return planner.plan(np.array(starts), np.array(lengths), np.array(positions))
-
-    first = step([0, 1], [1, 1], [10, 4])
-    assert step([0, 1], [1, 1], [11, 5])[1] is first[1]
-    moved = step([3, 1], [1, 1], [12, 6])
-    assert moved[1] is not first[1] and moved[1].token_index.tolist() == [3, 1]
-    assert torch.equal(moved[1].delta, torch.tensor([[1.0] * HIDDEN, [2.0] * HIDDEN]))
-    # A request not in the step (0 tokens) has no rows in the plan.
-    alone = step([0, 5], [0, 2], [13, 7])
-    assert alone[1].token_index.tolist() == [5, 6]
-    assert torch.equal(alone[1].delta, torch.full((2, HIDDEN), 2.0))
-    assert step([0, 0], [0, 0], [13, 9]) == {}
-
-
-def test_every_position_and_position_indexed_rows_of_one_layer_add_up():
-    everywhere = _rows(np.ones((1, HIDDEN), dtype=np.float32), (0,))
-    indexed = _rows(np.full((1, 1, HIDDEN), 3.0, dtype=np.float32), (0,), position_indices=(5,))
-    plan = plan_layer_steers([(everywhere, 0, 2, 4), (indexed, 2, 3, 4)])
-    out = _apply(plan, 0, torch.zeros(5, HIDDEN), torch.zeros(5, HIDDEN))
-    assert out[:, 0].tolist() == [1.0, 1.0, 0.0, 3.0, 0.0]
+def test_slots_are_shared_by_content_counted_and_freed():
+    buffers = _buffers(slots=4)  # the zero row and 3 free slots
+    bank = buffers.steering
+    ones, twos, threes, fours = (np.full(HIDDEN, v, dtype=np.float32) for v in (1, 2, 3, 4))
+    first = bank.acquire([ones, twos])
+    assert bank.acquire([ones]) == first[:1] and bank.free_slots == 1
+    with pytest.raises(BankFullError, match="1 free slots and this request needs 2"):
+        bank.acquire([threes, fours])
+    assert bank.free_slots == 1  # all or none
+    assert torch.equal(buffers.bank[first[1]], torch.from_numpy(twos))
+    bank.release(first)
+    assert bank.free_slots == 2  # `ones` is still held once
+    bank.release(first[:1])
+    assert bank.free_slots == 3 and not buffers.bank[0].any()

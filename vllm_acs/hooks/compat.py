@@ -1,35 +1,47 @@
-"""The only module that touches vLLM internals: version and structure checks, installing the
-capture/steering hooks on the V1 model runner, prefix-cache isolation of ACS requests.
+"""The only module that touches vLLM internals: version and structure checks, putting the
+intervention op on the V1 model runner's decoder layers, prefix-cache isolation of ACS requests.
 
 `install()` runs from the general plugin in every vLLM process; it patches two vLLM classes when
 (and only if) their modules are imported, so the API server does not import the worker stack:
 - `vllm.v1.worker.gpu_worker.Worker.load_model` (CPUWorker inherits it): before the model loads,
   `allow_amx_tiles` (vLLM's CPU attention needs it on AMX machines); after, `install_on_runner`
-  checks the runner and the model, then hooks the decoder layers.
-- `vllm.v1.request.Request.from_engine_core_request` (EngineCore process): an ACS request neither
-  reads nor feeds the prefix cache, or its captured rows would be missing (cached tokens skip the
-  forward pass) and steered KV would leak into other requests.
+  checks the runner and the model, allocates the op's buffers, switches every decoder layer to a
+  forward that calls the op (before torch.compile and CUDA-graph capture first run the model),
+  and wraps the runner's step to fill the buffers. Eager, compiled and CUDA-graph modes alike.
+- `vllm.v1.request.Request.from_engine_core_request` (EngineCore process): a capture request
+  never reads the prefix cache (cached tokens skip the forward pass: no rows for them), and a
+  steered request's KV is salted with a fingerprint of its steering (`isolate_in_prefix_cache`).
+
+docs/vllm-notes.md lists the runner internals read here, per vLLM version.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+import json
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from ..activations.payload import EXTRA_ARGS_KEY
+from ..activations.payload import EXTRA_ARGS_KEY, AcsPayload, PayloadError, SteeringEntry
 from ..activations.store import capture_root
+from .intervention_buffers import InterventionBuffers
+from .intervention_op import OP_SET_VERSION
 from .post_import import when_imported
 from .runtime import ActivationRuntime, NewRequest
+from .steering import SteeringSpecError, absolute_positions
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_VLLM = ((0, 32), (0, 33))
+# The key under vLLM's additional_config that carries the op set into the compile-cache hash.
+COMPILE_CACHE_KEY = "vllm_acs_ops"
 
 
 class UnsupportedSetupError(RuntimeError):
@@ -57,8 +69,26 @@ def install() -> None:
             f"found {version[0]}.{version[1]}: its capture and steering hooks read model-runner "
             "internals that change between releases"
         )
+    choose_v1_runner(os.environ)
     when_imported("vllm.v1.request", _patch_request)
     when_imported("vllm.v1.worker.gpu_worker", _patch_worker)
+
+
+V2_RUNNER_VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def choose_v1_runner(environ: MutableMapping[str, str]) -> None:
+    """vLLM's V2 model runner (its default on NVIDIA GPUs) is not yet checked with the op: unless
+    the operator chose a runner, choose V1 before vLLM does, in this process and the engine
+    processes it starts. An operator's explicit 1 stands, and the worker says why it stops."""
+    if environ.get(V2_RUNNER_VARIABLE, "") != "":
+        return
+    environ[V2_RUNNER_VARIABLE] = "0"
+    logger.info(
+        "vllm_acs: %s=0 (vLLM's V1 model runner): capture and steering are not yet checked on "
+        "the V2 runner",
+        V2_RUNNER_VARIABLE,
+    )
 
 
 def _patch_request(module: ModuleType) -> None:
@@ -71,15 +101,58 @@ def _patch_request(module: ModuleType) -> None:
     def from_engine_core_request(cls: type, request: Any, block_hasher: Any) -> Any:
         params = request.sampling_params
         if params is not None and params.extra_args and EXTRA_ARGS_KEY in params.extra_args:
-            # Reading: cached prompt tokens skip the forward pass, so no row for them. Feeding:
-            # a steered request's KV must not serve others; a salt unique to the request keeps
-            # its blocks apart (vLLM hashes the salt into the first block, and blocks chain).
-            params.skip_reading_prefix_cache = True
-            request.cache_salt = f"{request.cache_salt or ''}|acs:{request.request_id}"
+            prompt_len = len(request.prompt_token_ids or ())
+            isolate_in_prefix_cache(request, params, params.extra_args, prompt_len)
         return original(cls, request, block_hasher)
 
     from_engine_core_request._acs_patched = True  # type: ignore[attr-defined]
     request_cls.from_engine_core_request = classmethod(from_engine_core_request)
+
+
+def isolate_in_prefix_cache(
+    request: Any, params: Any, extra_args: Mapping[str, Any], prompt_len: int
+) -> None:
+    """A capture never reads cached blocks (cached prompt tokens skip the forward pass, so no
+    row for them). A steered request's KV serves only requests steered the same way: its salt
+    is a fingerprint of its steering (vLLM hashes the salt into the first block, and blocks
+    chain). A capture-only request computes plain KV and feeds the cache as a plain one does."""
+    try:
+        payload = AcsPayload.from_extra_args(extra_args)
+        fingerprint = steering_fingerprint(payload.steering, prompt_len) if payload else None
+    except (PayloadError, SteeringSpecError):
+        # The worker fails it: keep its blocks to itself meanwhile.
+        params.skip_reading_prefix_cache = True
+        request.cache_salt = f"{request.cache_salt or ''}|acs:{request.request_id}"
+        return
+    if payload is None:
+        return
+    if payload.capture_layers:
+        params.skip_reading_prefix_cache = True
+    if fingerprint is not None:
+        request.cache_salt = f"{request.cache_salt or ''}|acs-steer:{fingerprint}"
+
+
+def steering_fingerprint(entries: Sequence[SteeringEntry], prompt_len: int) -> str | None:
+    """What a steered forward pass depends on (vectors, layers, resolved positions, scales,
+    norm_match), as a hash; None for no steering. Negative positions count from the end of the
+    prompt, so they are resolved against it: the same entry on prompts of other lengths steers
+    other positions."""
+    if not entries:
+        return None
+    canonical = [
+        {
+            "activations": dict(entry.activations),
+            "layers": list(entry.layer_indices),
+            "positions": None
+            if entry.position_indices is None
+            else list(absolute_positions(entry.position_indices, prompt_len) or ()),
+            "scale": entry.scale,
+            "norm_match": entry.norm_match,
+        }
+        for entry in entries
+    ]
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _patch_worker(module: ModuleType) -> None:
@@ -120,9 +193,9 @@ def allow_amx_tiles() -> None:
 
 
 def install_on_runner(runner: Any) -> ActivationRuntime:
-    """Checks that hooks can see every token of every step, then installs them. Raises
-    UnsupportedSetupError (the worker fails to start) rather than serving a silent no-op."""
-    from vllm.config import CompilationMode, CUDAGraphMode
+    """Checks that the op can see every token of every step, then puts it on every decoder
+    layer, with its buffers, before torch.compile and CUDA-graph capture first run the model.
+    Raises UnsupportedSetupError (the worker fails to start) rather than serving a silent no-op."""
     from vllm.distributed import get_tensor_model_parallel_rank
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -130,41 +203,67 @@ def install_on_runner(runner: Any) -> ActivationRuntime:
 
     if not isinstance(runner, GPUModelRunner):
         raise UnsupportedSetupError(
-            f"vllm_acs hooks need vLLM's V1 model runner, found {type(runner).__name__}; "
-            "set VLLM_USE_V2_MODEL_RUNNER=0"
+            f"vllm_acs capture and steering run on vLLM's V1 model runner, found "
+            f"{type(runner).__name__}: unset VLLM_USE_V2_MODEL_RUNNER or set it to 0 (vllm-acs "
+            "chooses V1 by itself until the V2 runner is checked on a GPU)"
         )
     config = runner.vllm_config
-    compilation = config.compilation_config
-    if compilation.mode != CompilationMode.NONE or compilation.cudagraph_mode != CUDAGraphMode.NONE:
-        raise UnsupportedSetupError(
-            "vllm_acs capture and steering run as forward hooks, which torch.compile and CUDA "
-            "graphs skip silently: start vLLM with --enforce-eager"
-        )
     if config.speculative_config is not None:
         raise UnsupportedSetupError(
-            "vllm_acs capture and steering do not support speculative decoding"
+            "vllm_acs capture and steering do not support speculative decoding: draft tokens "
+            "are verified in a pass whose rows are not one request's positions"
         )
     if config.parallel_config.pipeline_parallel_size != 1:
         raise UnsupportedSetupError(
-            "vllm_acs capture and steering do not support pipeline parallelism"
+            "vllm_acs capture and steering do not support pipeline parallelism: each stage sees "
+            "only its own layers"
         )
     layers = decoder_layers(runner.model)
     settings = Settings.load(additional_config=config.additional_config or {})
-    runtime = ActivationRuntime(
+    mark_compile_cache(config)
+    compilation = config.compilation_config
+    buffers = InterventionBuffers(
         n_layers=len(layers),
         hidden=runner.model_config.get_hidden_size(),
+        max_tokens=max(runner.max_num_tokens, compilation.max_cudagraph_capture_size or 0),
+        bank_slots=settings.steering_slots + 1,
+        capture_mb=settings.capture_buffer_mb,
         device=runner.device,
+    )
+    runtime = ActivationRuntime(
+        buffers=buffers,
         root=capture_root(settings.capture_dir),
         writes_files=get_tensor_model_parallel_rank() == 0,
     )
-    _wrap_runner(runner, runtime, layers)
+    put_op_on_layers(layers, buffers)
+    _wrap_runner(runner, runtime)
     logger.info(
-        "vllm_acs hooks installed on %d decoder layers of %s (capture files in %s)",
+        "vllm_acs intervention op on %d decoder layers of %s (compilation mode %s, CUDA graphs "
+        "%s); capture buffer %d rows (%.0f MB), steering bank %d slots; capture files in %s",
         len(layers),
         type(runner.model).__name__,
+        compilation.mode,
+        compilation.cudagraph_mode,
+        buffers.capture_rows,
+        settings.capture_buffer_mb,
+        settings.steering_slots,
         runtime.root,
     )
     return runtime
+
+
+def mark_compile_cache(config: Any) -> None:
+    """Puts the plugin's op set into the config that vLLM hashes for its compile-cache key
+    (`VllmConfig.compute_hash` hashes `additional_config`), so a graph compiled without the op
+    is never loaded with the plugin, nor one with it without the plugin."""
+    if config.additional_config is None:
+        config.additional_config = {}
+    if not isinstance(config.additional_config, dict):
+        raise UnsupportedSetupError(
+            "vllm_acs needs vLLM's additional_config to be a dict (it adds its op set to the "
+            f"compile-cache key), found {type(config.additional_config).__name__}"
+        )
+    config.additional_config[COMPILE_CACHE_KEY] = OP_SET_VERSION
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -186,41 +285,55 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def _layer_hook(
-    runtime: ActivationRuntime, index: int, module: torch.nn.Module, args: Any, output: Any
-) -> None:
-    if not runtime.stepping:
-        return
-    if not (isinstance(output, tuple) and len(output) == 2 and output[1] is not None):
-        raise UnsupportedSetupError(
-            f"decoder layer {index} returned {type(output).__name__}, not (hidden, residual)"
+_INTERVENING_CLASSES: dict[type, type] = {}
+
+
+def _intervening_class(cls: type) -> type:
+    """A subclass of a decoder layer class whose forward calls the op on the layer's output.
+    The layer's instances are switched to it in place: names, weights and vLLM's references to
+    the modules stay as they are, and torch.compile traces the op as part of the forward."""
+    made = _INTERVENING_CLASSES.get(cls)
+    if made is not None:
+        return made
+    original = cls.forward
+
+    def forward(self: Any, positions: Any, hidden_states: Any, residual: Any, *a: Any, **k: Any):
+        output = original(self, positions, hidden_states, residual, *a, **k)
+        if not (isinstance(output, tuple) and len(output) == 2):
+            raise UnsupportedSetupError(
+                f"decoder layer {type(self).__name__} returned {type(output).__name__}, not "
+                "(hidden, residual)"
+            )
+        hidden, residual = output
+        torch.ops.vllm_acs.intervene(
+            hidden, residual, self.acs_bank, self.acs_indices, self.acs_capture, self.acs_layer
         )
-    runtime.on_layer(index, output[0], output[1])
+        return hidden, residual
+
+    made = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__})
+    _INTERVENING_CLASSES[cls] = made
+    return made
 
 
-def _wrap_runner(runner: Any, runtime: ActivationRuntime, layers: list[torch.nn.Module]) -> None:
+def put_op_on_layers(layers: list[torch.nn.Module], buffers: InterventionBuffers) -> None:
+    """Every decoder layer calls the op, idle or not: a compiled graph cannot gain or lose it
+    later. The buffers are registered on each layer (not saved with the weights)."""
+    for index, layer in enumerate(layers):
+        layer.register_buffer("acs_bank", buffers.bank, persistent=False)
+        layer.register_buffer("acs_indices", buffers.indices, persistent=False)
+        layer.register_buffer("acs_capture", buffers.capture_buffer, persistent=False)
+        layer.acs_layer = index
+        layer.__class__ = _intervening_class(type(layer))
+
+
+def _wrap_runner(runner: Any, runtime: ActivationRuntime) -> None:
     """Wraps two methods on this runner instance. execute_model: learn new and finished requests
     from the scheduler output. _model_forward: runs after the runner updated its persistent batch
-    (order, positions), so the rows read there are the rows the model sees.
-
-    The layer hooks are registered only on the layers the in-flight ACS requests use, and only
-    while there are some: a module with hooks takes torch's slower call path, which plain
-    traffic (and the other layers) should not pay for."""
+    (order, positions), so the index rows written there are the rows the model sees. A step with
+    no ACS request (and nothing to put back at rest) does neither."""
     execute_model: Callable[..., Any] = runner.execute_model
     model_forward: Callable[..., Any] = runner._model_forward
     in_step = [False]
-    handles: dict[int, torch.utils.hooks.RemovableHandle] = {}
-
-    def sync_hooks() -> None:
-        wanted = runtime.hook_layers if runtime.active else ()
-        if handles.keys() == set(wanted):
-            return
-        for index in [index for index in handles if index not in wanted]:
-            handles.pop(index).remove()
-        for index in wanted:
-            if index not in handles:
-                hook = functools.partial(_layer_hook, runtime, index)
-                handles[index] = layers[index].register_forward_hook(hook)
 
     @functools.wraps(execute_model)
     def execute_model_hooked(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -237,7 +350,6 @@ def _wrap_runner(runner: Any, runtime: ActivationRuntime, layers: list[torch.nn.
         ]
         if new:
             runtime.add_requests(new)
-        sync_hooks()
         in_step[0] = True
         try:
             return execute_model(scheduler_output, *args, **kwargs)
@@ -246,11 +358,16 @@ def _wrap_runner(runner: Any, runtime: ActivationRuntime, layers: list[torch.nn.
 
     @functools.wraps(model_forward)
     def model_forward_hooked(*args: Any, **kwargs: Any) -> Any:
-        if not (in_step[0] and runtime.active):
+        if not (in_step[0] and runtime.needs_step):
             return model_forward(*args, **kwargs)
         batch = runner.input_batch
+        query_start_loc = runner.query_start_loc.np
+        num_reqs = batch.num_reqs
         runtime.begin_step(
-            batch.req_id_to_index, runner.query_start_loc.np, batch.num_computed_tokens_cpu
+            batch.req_id_to_index,
+            query_start_loc,
+            batch.num_computed_tokens_cpu,
+            int(query_start_loc[num_reqs]),
         )
         completed = False
         try:

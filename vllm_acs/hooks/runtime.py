@@ -1,8 +1,10 @@
 """Per-worker activation state: which requests capture or steer, and each forward step's plan.
 
 Runs in each vLLM worker. compat.py feeds it vLLM's per-step facts as plain values (new and
-finished requests, the batch's request rows and positions); it drives capture.py and steering.py
-and owns the capture files (activations/store.py). Tested without vLLM.
+finished requests, the batch's request rows and positions); it writes each step's slots and
+capture rows into the intervention op's index buffer (steering.py, capture.py,
+intervention_buffers.py), files the captured rows after the pass and owns the capture files
+(activations/store.py). Tested without vLLM.
 """
 
 from __future__ import annotations
@@ -15,17 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..activations.payload import AcsPayload, PayloadError
 from ..activations.store import CaptureError, CaptureWriter
-from .capture import CapturePlanner, CaptureStep, StagingBuffer
+from .capture import CaptureStep, CaptureTable, file_rows
+from .intervention_buffers import BankFullError, InterventionBuffers
+from .intervention_op import CPU_GATE
 from .steering import (
-    LayerSteer,
-    SteeringPlanner,
-    SteeringRow,
+    RequestSlots,
     SteeringSpecError,
-    apply_layer_steer,
+    SteeringTable,
+    request_slots,
+    slot_vectors,
     steering_rows,
 )
 
@@ -47,7 +50,7 @@ class _Request:
         self.payload = payload
         self.writer = writer
         self.target: np.ndarray | None = None  # the writer's rows, bf16 bits as int16
-        self.steering: list[SteeringRow] = []
+        self.slots: RequestSlots | None = None  # its steering in bank slots
         self.failed = False
 
     def fail(self, message: str) -> None:
@@ -58,18 +61,18 @@ class _Request:
 
 
 class _Roster:
-    """The in-flight requests that have not failed, in a fixed order, with the planners of their
-    steering and capture. Made anew only when a request arrives, finishes or fails, so that a
-    step costs a few numpy ops over these arrays rather than Python work per request."""
+    """The in-flight requests that have not failed, in a fixed order, with the tables of their
+    steering slots and capture layers. Made anew only when a request arrives, finishes or fails,
+    so that a step costs a few numpy ops over these arrays rather than Python work per request."""
 
-    def __init__(self, requests: Mapping[str, _Request], staging: StagingBuffer) -> None:
+    def __init__(self, requests: Mapping[str, _Request]) -> None:
         live = [(req_id, state) for req_id, state in requests.items() if not state.failed]
         self.req_ids = [req_id for req_id, _ in live]
         self.states = [state for _, state in live]
-        steered = [i for i, state in enumerate(self.states) if state.steering]
+        steered = [i for i, state in enumerate(self.states) if state.slots is not None]
         self.steered = np.asarray(steered, dtype=np.int64)
         self.steering = (
-            SteeringPlanner([self.states[i].steering for i in steered]) if steered else None
+            SteeringTable([self.states[i].slots for i in steered]) if steered else None  # type: ignore[misc]
         )
         captured: list[int] = []
         files: list[tuple[np.ndarray, tuple[int, ...]]] = []
@@ -82,58 +85,43 @@ class _Roster:
         self.captured = np.asarray(captured, dtype=np.int64)
         self.capacity = np.asarray([w.capacity for w in writers], dtype=np.int64)
         self.reserved = np.asarray([w.reserved for w in writers], dtype=np.int64)
-        self.capture = CapturePlanner(files, staging) if files else None
+        self.capture = CaptureTable(files) if files else None
         # A capture file counts the rows it holds; a steer-only request, every position it saw.
         self.rows_limit = np.full(len(self.states), np.iinfo(np.int64).max, dtype=np.int64)
         self.rows_limit[self.captured] = self.capacity
 
 
 class ActivationRuntime:
-    def __init__(
-        self,
-        *,
-        n_layers: int,
-        hidden: int,
-        device: torch.device,
-        root: Path,
-        writes_files: bool,
-    ) -> None:
-        self.n_layers = n_layers
-        self.hidden = hidden
-        self.device = device
+    def __init__(self, *, buffers: InterventionBuffers, root: Path, writes_files: bool) -> None:
+        self.buffers = buffers
+        self.n_layers = buffers.n_layers
+        self.hidden = buffers.hidden
         self.root = root
         # With tensor parallelism every rank steers, but only one writes the capture files.
         self.writes_files = writes_files
         self._requests: dict[str, _Request] = {}
-        # Rows are kept as bf16 whatever the model's dtype: the spec's codec carries bf16 bits.
-        self._staging = StagingBuffer(hidden, torch.bfloat16, device)
         self._roster: _Roster | None = None
-        self._hook_layers: tuple[int, ...] | None = None
         self._capture: CaptureStep | None = None
-        self._steer: dict[int, LayerSteer] = {}
         self._advance: list[tuple[_Request, int]] = []
-        self._layers_seen = 0
+        self._stepping = False
+        # The CPU kernel reads which layers a step touches from here (one worker, one model).
+        self._gate = CPU_GATE
+        self._gate.layer_active = [False] * self.n_layers
 
     @property
     def active(self) -> bool:
         return bool(self._requests)
 
     @property
-    def hook_layers(self) -> tuple[int, ...]:
-        """The decoder layers whose hooks the in-flight requests need, ascending; only these are
-        hooked (a hooked module takes torch's slower call path)."""
-        if self._hook_layers is None:
-            layers = {
-                layer
-                for state in self._requests.values()
-                for layer in (
-                    *state.payload.capture_layers,
-                    *(row.layer for row in state.steering),
-                )
-                if 0 <= layer < self.n_layers
-            }
-            self._hook_layers = tuple(sorted(layers))
-        return self._hook_layers
+    def stepping(self) -> bool:
+        """Between begin_step and end_step of a step that writes or reads the buffers."""
+        return self._stepping
+
+    @property
+    def needs_step(self) -> bool:
+        """Whether the next step must go through begin_step: requests in flight, or the last
+        step's rows still to put back at rest on the device."""
+        return bool(self._requests) or self.buffers.dirty
 
     def add_requests(self, requests: Iterable[NewRequest]) -> None:
         for new in requests:
@@ -142,17 +130,23 @@ class ActivationRuntime:
             state = self._admit(new)
             if state is not None:
                 self._requests[new.req_id] = state
-                self._roster = self._hook_layers = None
+                self._roster = None
 
     def finish_requests(self, req_ids: Iterable[str]) -> None:
         for req_id in req_ids:
             state = self._requests.pop(req_id, None)
             if state is None:
                 continue
-            self._roster = self._hook_layers = None
+            self._roster = None
+            self._release_slots(state)
             if state.writer is not None:
                 state.target = None
                 state.writer.close()
+
+    def _release_slots(self, state: _Request) -> None:
+        if state.slots is not None:
+            self.buffers.steering.release(state.slots.slots)
+            state.slots = None
 
     def _admit(self, new: NewRequest) -> _Request | None:
         try:
@@ -181,17 +175,18 @@ class ActivationRuntime:
         if layers and layers[-1] >= self.n_layers:
             state.fail(f"capture layer {layers[-1]} is not in [0, {self.n_layers})")
             return state
-        try:
-            state.steering = steering_rows(
-                payload.steering,
-                n_layers=self.n_layers,
-                hidden=self.hidden,
-                prompt_len=new.prompt_len,
-                device=self.device,
-            )
-        except SteeringSpecError as exc:
-            state.fail(str(exc))
-            return state
+        if payload.steering:
+            try:
+                rows = steering_rows(
+                    payload.steering,
+                    n_layers=self.n_layers,
+                    hidden=self.hidden,
+                    prompt_len=new.prompt_len,
+                )
+                state.slots = request_slots(slot_vectors(rows), self.buffers.steering.acquire)
+            except (SteeringSpecError, BankFullError) as exc:
+                state.fail(str(exc))
+                return state
         if writer is not None and layers:
             state.target = writer.rows.view(np.int16)
         return state
@@ -214,10 +209,14 @@ class ActivationRuntime:
         req_id_to_index: Mapping[str, int],
         query_start_loc: np.ndarray,
         num_computed_tokens: np.ndarray,
+        num_tokens: int,
     ) -> None:
-        """Before the forward pass: the rows of this step's batch that capture or steer."""
+        """Before the forward pass, once the batch is final: this step's slots and capture rows
+        into the index buffer (one copy to the device), for the batch's first `num_tokens`."""
+        buffers = self.buffers
+        buffers.reset_host()
         if self._roster is None:
-            self._roster = _Roster(self._requests, self._staging)
+            self._roster = _Roster(self._requests)
         roster = self._roster
         rows = np.fromiter(
             (req_id_to_index.get(req_id, -1) for req_id in roster.req_ids),
@@ -229,6 +228,8 @@ class ActivationRuntime:
         starts = query_start_loc[rows].astype(np.int64)
         lengths = np.maximum(np.where(present, query_start_loc[rows + 1] - starts, 0), 0)
         positions = num_computed_tokens[rows].astype(np.int64)
+        view = buffers.host_view
+        touched: set[int] = set()
         capture = None
         if roster.capture is not None:
             c = roster.captured
@@ -243,56 +244,60 @@ class ActivationRuntime:
                 except OSError as exc:
                     self._fail(state, f"the capture directory is full: {exc}")
                     # The roster changed: plan the step again without this request.
-                    self.begin_step(req_id_to_index, query_start_loc, num_computed_tokens)
+                    self.begin_step(
+                        req_id_to_index, query_start_loc, num_computed_tokens, num_tokens
+                    )
                     return
                 roster.reserved[j] = state.writer.reserved
-            capture = roster.capture.plan(starts[c], kept, positions[c])
-        steer: dict[int, LayerSteer] = {}
+            capture = roster.capture.plan(view, buffers.capture_rows, starts[c], kept, positions[c])
+            for j in capture.overflow:
+                self._fail(
+                    roster.states[c[j]],
+                    f"this step's captures need more than the {buffers.capture_rows} rows of the "
+                    "worker's capture buffer (VLLM_ACS_CAPTURE_BUFFER_MB): capture fewer layers "
+                    "or a shorter prompt, or ask the operator to raise it",
+                )
+            touched |= capture.touched
         if roster.steering is not None:
             s = roster.steered
-            steer = roster.steering.plan(starts[s], lengths[s], positions[s])
+            touched |= roster.steering.write(view, starts[s], lengths[s], positions[s])
         done = np.minimum(positions + lengths, roster.rows_limit)
         moved = np.flatnonzero(lengths)
         self._advance = [
             (roster.states[i], rows_done)
             for i, rows_done in zip(moved.tolist(), done[moved].tolist(), strict=True)
         ]
-        self._steer = steer
         self._capture = capture
+        gate = self._gate.layer_active
+        for layer in range(self.n_layers):
+            gate[layer] = layer in touched
+        self._gate.calls = 0
+        self._stepping = bool(touched)
+        buffers.send(num_tokens if touched else 0)
 
     def _fail(self, state: _Request, message: str) -> None:
         state.fail(message)
+        self._release_slots(state)
         self._roster = None
-
-    def on_layer(self, layer: int, hidden: torch.Tensor, residual: torch.Tensor) -> None:
-        """The forward hook of decoder block `layer`: steer first, so the capture shows the
-        stream that flows on."""
-        self._layers_seen += 1
-        steer = self._steer.get(layer)
-        if steer is not None:
-            apply_layer_steer(hidden, residual, steer)
-        if self._capture is not None:
-            self._capture.gather(layer, hidden, residual)
 
     def end_step(self, completed: bool) -> None:
         """After the forward pass: rows to the files, then mark them done (in that order)."""
-        capture, advance, seen = self._capture, self._advance, self._layers_seen
-        stepped = self.stepping
-        self._capture, self._steer, self._advance, self._layers_seen = None, {}, [], 0
+        capture, advance, stepped = self._capture, self._advance, self._stepping
+        calls = self._gate.calls
+        if stepped:
+            self._gate.calls_in_last_active_step = calls
+        self._capture, self._advance, self._stepping = None, [], False
+        self._gate.layer_active[:] = [False] * self.n_layers
         if not completed:
             return
-        expected = len(self.hook_layers)
-        if stepped and seen != expected:
-            # A compiled or otherwise rewired model would skip the hooks: never report success.
+        if stepped and self.buffers.device.type == "cpu" and calls < self.n_layers:
+            # A graph without the op (a stale compile cache, a rewired model) would skip it:
+            # never report success. (Under a CUDA graph the kernel's Python does not run.)
             for state, _ in advance:
-                self._fail(state, f"hooks ran on {seen} of {expected} hooked layers in a step")
+                self._fail(state, f"the intervention op ran on {calls} of {self.n_layers} layers")
             return
-        if capture is not None:
-            capture.write_out()
+        if capture is not None and capture.rows:
+            file_rows(self.buffers.read_capture_rows(capture.rows), capture.segments)
         for state, rows_done in advance:
             if state.writer is not None and not state.failed:
                 state.writer.advance(rows_done)
-
-    @property
-    def stepping(self) -> bool:
-        return self._capture is not None or bool(self._steer)

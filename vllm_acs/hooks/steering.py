@@ -1,21 +1,24 @@
-"""Steering on plain tensors: per-request vectors added to that request's rows of the residual
-stream after a decoder block. Runs in each vLLM worker (tested without vLLM).
+"""Steering as bank slots: per-request vectors become slot indices of the intervention op
+(hooks/intervention_op.py), written per layer and per token of each step. Runs in each vLLM
+worker (tested without vLLM).
 
-A request's steering is turned into `SteeringRow`s once (when it arrives); each forward step turns
-the rows of the requests in the batch into one `LayerSteer` per layer (token indices + vectors), so
-the layer hook does a fixed number of tensor ops whatever the number of requests.
+A request's entries are decoded and checked once, when it arrives (`steering_rows`), then summed
+per layer (`RequestSteering`): vectors that one request adds at the same layer and position sum,
+plain and `norm_match` parts apart (a norm-matched part is scaled by the norm of the full residual
+stream at its token, inside the op). Each sum takes a bank slot. `SteeringTable` stacks the slots
+of a fixed list of requests, so a step writes them with a few numpy ops whatever their number.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from ..activations.codec import decode_array
 from ..activations.payload import SteeringEntry
+from .intervention_op import NORM_SLOT, STEER_SLOT
 
 
 class SteeringSpecError(ValueError):
@@ -29,27 +32,13 @@ class SteeringRow:
     positions, vector j at positions[j]."""
 
     layer: int
-    vectors: torch.Tensor
+    vectors: np.ndarray
     norm_match: bool
     positions: tuple[int, ...] | None
 
 
-@dataclass(frozen=True)
-class LayerSteer:
-    """What one layer adds in one step: `delta` rows added at `token_index` rows of the batch."""
-
-    token_index: torch.Tensor  # int64 [m]
-    delta: torch.Tensor  # float32 [m, hidden]
-    norm_match: torch.Tensor | None  # bool [m, 1]; None when no row is norm-matched
-
-
 def steering_rows(
-    entries: Sequence[SteeringEntry],
-    *,
-    n_layers: int,
-    hidden: int,
-    prompt_len: int,
-    device: torch.device,
+    entries: Sequence[SteeringEntry], *, n_layers: int, hidden: int, prompt_len: int
 ) -> list[SteeringRow]:
     """Decodes and checks a request's entries against the model. Raises SteeringSpecError."""
     rows: list[SteeringRow] = []
@@ -63,7 +52,7 @@ def steering_rows(
             raise SteeringSpecError(f"{where}: {vectors.shape[0]} rows for {entry.layer_indices}")
         if vectors.shape[-1] != hidden:
             raise SteeringSpecError(f"{where}: hidden size {vectors.shape[-1]}, model has {hidden}")
-        positions = _absolute_positions(entry.position_indices, prompt_len, where)
+        positions = absolute_positions(entry.position_indices, prompt_len, where)
         if (vectors.ndim == 3) != (positions is not None):
             raise SteeringSpecError(f"{where}: position_indices need a 3-D vector and vice versa")
         if positions is not None and vectors.shape[1] != len(positions):
@@ -79,13 +68,14 @@ def steering_rows(
                 per_layer = np.divide(
                     per_layer, norms, out=np.zeros_like(per_layer), where=norms > 0
                 )
-            tensor = torch.from_numpy(per_layer * np.float32(entry.scale)).to(device)
-            rows.append(SteeringRow(layer, tensor, entry.norm_match, positions))
+            rows.append(
+                SteeringRow(layer, per_layer * np.float32(entry.scale), entry.norm_match, positions)
+            )
     return rows
 
 
-def _absolute_positions(
-    indices: Sequence[int] | None, prompt_len: int, where: str
+def absolute_positions(
+    indices: Sequence[int] | None, prompt_len: int, where: str = "position_indices"
 ) -> tuple[int, ...] | None:
     """DECISIONS.md: p >= 0 is absolute (prompt, then generated); p < 0 counts back from the end
     of the prompt, -1 being the last prompt token."""
@@ -98,153 +88,117 @@ def _absolute_positions(
 
 
 @dataclass(frozen=True)
-class _Bank:
-    """The rows of one layer that apply at every position, stacked: row k belongs to request
-    `who[k]` (an index into the planner's requests)."""
+class SlotVectors:
+    """What one request adds at one layer, at every position (`position` None) or at one: the
+    plain part and the norm-matched part (None when there is none)."""
 
-    who: np.ndarray  # int64 [k]
-    vectors: torch.Tensor  # float32 [k, hidden]
-    norm_match: torch.Tensor | None  # bool [k, 1]; None when no row is norm-matched
-
-
-class SteeringPlanner:
-    """A fixed list of steered requests (the runtime makes a new planner when it changes) and
-    each step's LayerSteers for them.
-
-    Rows for every position (no position_indices) are stacked once into one bank per layer, so a
-    step costs a few numpy ops per layer whatever the number of requests, and a step whose rows
-    sit where the last step's did (decode steps of a stable batch) reuses that step's plan.
-    Position-indexed rows are looked at one by one: only their positions in the step count.
-    """
-
-    def __init__(self, requests: Sequence[Sequence[SteeringRow]]) -> None:
-        stacked: dict[int, tuple[list[int], list[torch.Tensor], list[bool]]] = {}
-        self._positioned: list[tuple[int, SteeringRow]] = []
-        for number, rows in enumerate(requests):
-            for row in rows:
-                if row.positions is not None:
-                    self._positioned.append((number, row))
-                    continue
-                who, vectors, flags = stacked.setdefault(row.layer, ([], [], []))
-                who.append(number)
-                vectors.append(row.vectors[0])
-                flags.append(row.norm_match)
-        self._banks = {
-            layer: _Bank(
-                who=np.asarray(who, dtype=np.int64),
-                vectors=torch.stack(vectors),
-                norm_match=torch.tensor([[f] for f in flags], device=vectors[0].device)
-                if any(flags)
-                else None,
-            )
-            for layer, (who, vectors, flags) in stacked.items()
-        }
-        # Per layer: the bank's first rows and lengths in the last step, and its steer then.
-        self._last: dict[int, tuple[np.ndarray, np.ndarray, LayerSteer]] = {}
-
-    def plan(
-        self, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray
-    ) -> dict[int, LayerSteer]:
-        """int64 arrays over the planner's requests: first batch row, number of tokens in this
-        step (0 = not in it), absolute position of the first token."""
-        plan: dict[int, LayerSteer] = {}
-        for layer, bank in self._banks.items():
-            counts = lengths[bank.who]
-            if not counts.any():
-                continue
-            first = starts[bank.who]
-            last = self._last.get(layer)
-            if last is not None and _same(last[0], first) and _same(last[1], counts):
-                plan[layer] = last[2]
-                continue
-            plan[layer] = self._bank_steer(layer, bank, first, counts)
-        extra = self._positioned_steers(starts, lengths, positions)
-        for layer, parts in extra.items():
-            if layer in plan:
-                parts.insert(0, plan[layer])
-            plan[layer] = _concatenate(parts)
-        return plan
-
-    def _bank_steer(
-        self, layer: int, bank: _Bank, first: np.ndarray, counts: np.ndarray
-    ) -> LayerSteer:
-        which = np.repeat(np.arange(len(counts)), counts)
-        offsets = np.arange(len(which)) - np.repeat(np.cumsum(counts) - counts, counts)
-        device = bank.vectors.device
-        which_t = torch.from_numpy(which).to(device)
-        flags = bank.norm_match
-        steer = LayerSteer(
-            token_index=torch.from_numpy(np.repeat(first, counts) + offsets).to(device),
-            delta=bank.vectors.index_select(0, which_t),
-            norm_match=None if flags is None else flags.index_select(0, which_t),
-        )
-        self._last[layer] = (first, counts, steer)
-        return steer
-
-    def _positioned_steers(
-        self, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray
-    ) -> dict[int, list[LayerSteer]]:
-        steers: dict[int, list[LayerSteer]] = {}
-        for number, row in self._positioned:
-            length = int(lengths[number])
-            position = int(positions[number])
-            assert row.positions is not None
-            hits = [
-                (j, p - position)
-                for j, p in enumerate(row.positions)
-                if position <= p < position + length
-            ]
-            if not hits:
-                continue
-            device = row.vectors.device
-            start = int(starts[number])
-            steers.setdefault(row.layer, []).append(
-                LayerSteer(
-                    token_index=torch.tensor([start + o for _, o in hits], device=device),
-                    delta=row.vectors[[j for j, _ in hits]],
-                    norm_match=torch.full((len(hits), 1), True, device=device)
-                    if row.norm_match
-                    else None,
-                )
-            )
-        return steers
+    layer: int
+    position: int | None
+    plain: np.ndarray | None
+    norm: np.ndarray | None
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and bool((a == b).all())
+def slot_vectors(rows: Sequence[SteeringRow]) -> list[SlotVectors]:
+    """Sums a request's rows per layer and position. A position-indexed sum includes the
+    layer's every-position vectors, since one token reads one slot per part."""
+    base: dict[int, list[np.ndarray | None]] = {}
+    at: dict[tuple[int, int], list[np.ndarray | None]] = {}
+
+    def add(parts: list[np.ndarray | None], vector: np.ndarray, norm_match: bool) -> None:
+        k = 1 if norm_match else 0
+        parts[k] = vector.copy() if parts[k] is None else parts[k] + vector
+
+    for row in rows:
+        if row.positions is None:
+            add(base.setdefault(row.layer, [None, None]), row.vectors[0], row.norm_match)
+    for row in rows:
+        if row.positions is None:
+            continue
+        for vector, position in zip(row.vectors, row.positions, strict=True):
+            key = (row.layer, position)
+            if key not in at:
+                at[key] = [None if v is None else v.copy() for v in base.get(row.layer, [None] * 2)]
+            add(at[key], vector, row.norm_match)
+    out = [SlotVectors(layer, None, p, n) for layer, (p, n) in sorted(base.items())]
+    out += [SlotVectors(layer, pos, p, n) for (layer, pos), (p, n) in sorted(at.items())]
+    return out
 
 
-def _concatenate(parts: list[LayerSteer]) -> LayerSteer:
-    if len(parts) == 1:
-        return parts[0]
-    norm_match = None
-    if any(part.norm_match is not None for part in parts):
-        device = parts[0].delta.device
-        norm_match = torch.cat(
-            [
-                torch.zeros((len(part.delta), 1), dtype=torch.bool, device=device)
-                if part.norm_match is None
-                else part.norm_match
-                for part in parts
-            ]
-        )
-    return LayerSteer(
-        token_index=torch.cat([part.token_index for part in parts]),
-        delta=torch.cat([part.delta for part in parts]),
-        norm_match=norm_match,
+@dataclass(frozen=True)
+class RequestSlots:
+    """A request's steering in bank slots: one entry per SlotVectors (0 = no such part)."""
+
+    layer: np.ndarray  # int64 [k]
+    position: np.ndarray  # int64 [k], -1 = every position
+    plain_slot: np.ndarray  # int32 [k]
+    norm_slot: np.ndarray  # int32 [k]
+
+    @property
+    def slots(self) -> list[int]:
+        return [int(s) for s in (*self.plain_slot, *self.norm_slot) if s]
+
+
+def request_slots(
+    parts: Sequence[SlotVectors], acquire: Callable[[list[np.ndarray]], list[int]]
+) -> RequestSlots:
+    """`acquire(vectors) -> slots` (SteeringBank.acquire) takes all the request's slots at once,
+    all or none."""
+    vectors = [v for part in parts for v in (part.plain, part.norm) if v is not None]
+    taken = iter(acquire(vectors) if vectors else [])
+    plain, norm = [], []
+    for part in parts:
+        plain.append(0 if part.plain is None else next(taken))
+        norm.append(0 if part.norm is None else next(taken))
+    return RequestSlots(
+        layer=np.asarray([part.layer for part in parts], dtype=np.int64),
+        position=np.asarray(
+            [-1 if part.position is None else part.position for part in parts], dtype=np.int64
+        ),
+        plain_slot=np.asarray(plain, dtype=np.int32),
+        norm_slot=np.asarray(norm, dtype=np.int32),
     )
 
 
-def apply_layer_steer(hidden: torch.Tensor, residual: torch.Tensor, steer: LayerSteer) -> None:
-    """Adds the step's vectors to the residual stream (hidden + residual) in place, via `hidden`.
+class SteeringTable:
+    """The slots of a fixed list of steered requests (the runtime makes a new table when the
+    list changes), stacked, and each step's writes of them into the index buffer."""
 
-    `norm_match` rows are scaled by the norm of the FULL residual stream at their token (hidden +
-    residual, before this layer's vectors), not by the norm of the block's delta alone.
-    """
-    delta = steer.delta
-    if steer.norm_match is not None:
-        stream = hidden.index_select(0, steer.token_index).float()
-        stream += residual.index_select(0, steer.token_index).float()
-        norms = torch.linalg.vector_norm(stream, dim=-1, keepdim=True)
-        delta = torch.where(steer.norm_match, delta * norms, delta)
-    hidden.index_add_(0, steer.token_index, delta.to(hidden.dtype))
+    def __init__(self, requests: Sequence[RequestSlots]) -> None:
+        who = [np.full(len(r.layer), i, dtype=np.int64) for i, r in enumerate(requests)]
+        who_all = np.concatenate(who) if who else np.zeros(0, dtype=np.int64)
+        layer = np.concatenate([r.layer for r in requests]) if requests else who_all
+        position = np.concatenate([r.position for r in requests]) if requests else who_all
+        plain = np.concatenate([r.plain_slot for r in requests]) if requests else who_all
+        norm = np.concatenate([r.norm_slot for r in requests]) if requests else who_all
+        every = position < 0
+        # Every-position parts first, then the positioned ones, which override them per token.
+        self._every = (who_all[every], layer[every], plain[every], norm[every])
+        self._at = (who_all[~every], layer[~every], position[~every], plain[~every], norm[~every])
+        self.layers = sorted(set(layer.tolist()))
+
+    def write(
+        self, view: np.ndarray, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray
+    ) -> set[int]:
+        """int64 arrays over the table's requests: first batch row, number of tokens in this
+        step (0 = not in it), absolute position of the first token. Writes slots into `view`
+        ([tokens, fields, layers]) and returns the layers it touched."""
+        touched: set[int] = set()
+        who, layer, plain, norm = self._every
+        counts = lengths[who]
+        if counts.any():
+            offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            tokens = np.repeat(starts[who], counts) + offsets
+            layers = np.repeat(layer, counts)
+            view[tokens, STEER_SLOT, layers] = np.repeat(plain, counts)
+            view[tokens, NORM_SLOT, layers] = np.repeat(norm, counts)
+            touched.update(layer[counts > 0].tolist())
+        who, layer, position, plain, norm = self._at
+        if len(who):
+            first = positions[who]
+            hit = (position >= first) & (position < first + lengths[who])
+            if hit.any():
+                tokens = starts[who][hit] + position[hit] - first[hit]
+                view[tokens, STEER_SLOT, layer[hit]] = plain[hit]
+                view[tokens, NORM_SLOT, layer[hit]] = norm[hit]
+                touched.update(layer[hit].tolist())
+        return touched
