@@ -183,8 +183,13 @@ def test_a_job_for_a_model_this_node_does_not_serve_stays_queued(tmp_path):
         job = await storage.jobs.submit(
             NewJob(kind="completion", key_id="k", account_id="a", model="tiny", request={}), NOW
         )
+        # The job's clock, not the wall clock: a day after NOW the sweep would expire it.
         runner = JobRunner(
-            storage.jobs, {"completion": StandInKind(never)}, lambda: ["other"], poll_s=0.05
+            storage.jobs,
+            {"completion": StandInKind(never)},
+            lambda: ["other"],
+            poll_s=0.05,
+            clock=lambda: NOW,
         )
         runner.start()
         await asyncio.sleep(0.3)
