@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROUNDS = 24
+# ACS_BENCH_ROUNDS: fewer rounds for a quick look (benchmarks/gpu_check.sh).
+ROUNDS = int(os.environ.get("ACS_BENCH_ROUNDS", "24"))
 BATCHES = {1: 128, 32: 48}  # batch size -> output tokens per request
 PROMPT_TOKENS = 24
 MODES = ("plain", "eager_plain", "idle", "capture_1_layer", "capture_all_layers", "steer_1_layer")

@@ -4,7 +4,8 @@ Started by tests/e2e/test_hooks_engine.py in a subprocess (vLLM keeps global sta
 EngineCore and a worker process; a subprocess keeps them out of the test process and bounded).
 Usage: python hooks_engine_driver.py MODEL_DIR OUT_FILE CONFIG [MODE]
 (CONFIG: wide | chunked | preempt; MODE: eager (default) | compiled, vLLM's default compilation
-on this build: inductor, which the intervention op must run inside)
+(inductor on the CPU build; piecewise and full CUDA graphs on a GPU) | piecewise | full, one CUDA
+graph mode alone (GPU only; benchmarks/gpu_check.sh))
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class Engine:
         from vllm import LLM
 
         self.root = root
+        graphs = {"piecewise": "PIECEWISE", "full": "FULL"}
+        if mode in graphs:
+            more["compilation_config"] = {"cudagraph_mode": graphs[mode]}
         self.llm = LLM(
             model=model,
             enforce_eager=mode == "eager",
@@ -232,14 +236,14 @@ def scenarios_preempt(engine: Engine) -> dict[str, Any]:
     return out
 
 
-def op_calls_in_a_forward(engine: Engine) -> int:
+def op_calls_in_a_forward(engine: Engine) -> tuple[str, int]:
     """How many times the worker's intervention op ran in one forward pass of a capture request
     (the worker counts them; a compiled graph without the op would count 0)."""
 
-    def count(worker: Any) -> int:
+    def count(worker: Any) -> tuple[str, int]:
         from vllm_acs.hooks.intervention_op import CPU_GATE
 
-        return CPU_GATE.calls_in_last_active_step
+        return worker.device.type, CPU_GATE.calls_in_last_active_step
 
     [p] = prompts(99, [5])
     engine.run([(p, 1, {"capture_layers": (0,)})])

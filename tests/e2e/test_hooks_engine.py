@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ROW_TOLERANCE = 0.03
 
 
-MODES = ("eager", "compiled")
+# benchmarks/gpu_check.sh adds the GPU's CUDA-graph modes (piecewise, full) through this variable.
+MODES = tuple(os.environ.get("ACS_HOOK_ENGINE_MODES", "eager,compiled").split(","))
 
 
 def _run_driver(
@@ -125,8 +126,13 @@ def test_capture_does_not_read_the_prefix_cache(wide, reference):
 
 def test_the_op_runs_inside_every_forward_pass(wide, mode):
     """The worker counts the op's calls in a step: one per decoder layer, in the compiled graph
-    as in eager mode (a graph compiled without it, or with it traced away, would count 0)."""
-    assert wide["op_calls"] == 4
+    as in eager mode (a graph compiled without it, or with it traced away, would count 0). On a
+    GPU a CUDA graph replays its kernels without Python: there the captures prove it ran."""
+    device, calls = wide["op_calls"]
+    if device == "cpu" or mode == "eager":
+        assert calls == 4
+    else:  # the captures and steers of this module show it ran in the graph
+        assert calls in (0, 4)
 
 
 def test_scale_zero_reproduces_the_unsteered_text_and_large_scale_changes_it(wide):

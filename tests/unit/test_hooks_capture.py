@@ -31,12 +31,9 @@ def test_rows_of_each_request_land_at_their_positions_and_layers():
     # Batch of 7 rows: a plain request (rows 0-1), A's chunk at positions 4..6 (rows 2-4),
     # B decoding position 8 (row 6).
     table = CaptureTable([(a, (0, 2)), (b, (1,))])
+    positions = np.array([4, 8])
     step = table.plan(
-        buffers.host_view,
-        buffers.capture_rows,
-        np.array([2, 6]),
-        np.array([3, 1]),
-        np.array([4, 8]),
+        buffers.host_view, buffers.capture_rows, np.array([2, 6]), np.array([3, 1]), positions
     )
     assert step.rows == 3 * 2 + 1 and step.touched == {0, 1, 2} and step.overflow == []
     # Tokens that capture nothing at a layer write the scratch row.
@@ -54,7 +51,7 @@ def test_rows_of_each_request_land_at_their_positions_and_layers():
             layer,
         )
         outputs[layer] = (hidden + residual).bfloat16().view(torch.int16).numpy()
-    file_rows(buffers.read_capture_rows(step.rows), step.segments)
+    file_rows(buffers.read_capture_rows(step.rows), step.segments, positions[step.kept].tolist())
     assert np.array_equal(a[4:7, 0], outputs[0][2:5])
     assert np.array_equal(a[4:7, 1], outputs[2][2:5])
     assert np.array_equal(b[8, 0], outputs[1][6])

@@ -10,7 +10,14 @@ import torch
 from vllm_acs.activations.codec import encode_array
 from vllm_acs.activations.payload import SteeringEntry
 from vllm_acs.hooks.intervention_buffers import BankFullError, InterventionBuffers
-from vllm_acs.hooks.intervention_op import apply_interventions
+from vllm_acs.hooks.intervention_op import (
+    CPU_GATE,
+    NORM_STEERS,
+    STEERS,
+    apply_interventions,
+    intervene,
+    plan_layers,
+)
 from vllm_acs.hooks.steering import (
     SteeringSpecError,
     SteeringTable,
@@ -50,15 +57,26 @@ class _Step:
         ]
         table = SteeringTable(requests)
         columns = [np.array([s[k] for s in segments], dtype=np.int64) for k in (1, 2, 3)]
-        self.touched = table.write(self.buffers.host_view, *columns)
+        self.plain, self.norm = table.write(self.buffers.host_view, *columns)
+        self.touched = self.plain | self.norm
 
     def apply(self, layer: int, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        hidden = hidden.clone()
+        """The branch-free math (the CUDA kernel's); checked equal, bit for bit, to the CPU
+        kernel, which does only the parts the host plan names."""
         buffers = self.buffers
+        dense = hidden.clone()
         apply_interventions(
-            hidden, residual, buffers.bank, buffers.indices, buffers.capture_buffer, layer
+            dense, residual, buffers.bank, buffers.indices, buffers.capture_buffer, layer
         )
-        return hidden
+        planned = hidden.clone()
+        work = [
+            (STEERS if n in self.plain else 0) | (NORM_STEERS if n in self.norm else 0)
+            for n in range(N_LAYERS)
+        ]
+        CPU_GATE.layer_plans = plan_layers(buffers.bank, buffers.indices, work, len(hidden))
+        intervene()(planned, residual, buffers.bank, buffers.indices, buffers.capture_buffer, layer)
+        assert torch.equal(planned.view(-1), dense.view(-1))
+        return dense
 
 
 def test_a_vector_is_added_to_its_request_rows_only():

@@ -20,17 +20,17 @@ from .intervention_op import CAPTURE_ROW
 
 
 class CaptureSegment(NamedTuple):
-    """One request's share of a step: `length` tokens from absolute position `position`, at
-    buffer rows `first_row`.. (`length` x its number of layers)."""
+    """One request's share of a step: `length` tokens at buffer rows `first_row`.. (`length` x
+    its number of layers)."""
 
     target: np.ndarray  # int16 bf16 bits [capacity, n_layers_of_request, hidden]: the mapped file
     first_row: int
     length: int
-    position: int
 
 
 class CaptureStep(NamedTuple):
     segments: list[CaptureSegment]
+    kept: np.ndarray  # the table's requests with rows in this step
     rows: int  # buffer rows used by this step
     touched: set[int]  # layers with a captured token
     overflow: list[int]  # requests (table order) that did not fit in the buffer
@@ -81,21 +81,18 @@ class CaptureTable:
             touched.update(self._layer[counts > 0].tolist())
         kept = np.flatnonzero(lengths)
         segments = [
-            CaptureSegment(self._targets[i], first, length, position)
-            for i, first, length, position in zip(
-                kept.tolist(),
-                first_row[kept].tolist(),
-                lengths[kept].tolist(),
-                positions[kept].tolist(),
-                strict=True,
+            CaptureSegment(self._targets[i], first, length)
+            for i, first, length in zip(
+                kept.tolist(), first_row[kept].tolist(), lengths[kept].tolist(), strict=True
             )
         ]
-        return CaptureStep(segments, int(need.sum()), touched, overflow)
+        return CaptureStep(segments, kept, int(need.sum()), touched, overflow)
 
 
-def file_rows(bits: np.ndarray, segments: Sequence[CaptureSegment]) -> None:
-    """After the forward pass: the step's buffer rows (bf16 bits) into each request's file."""
-    for target, first_row, length, position in segments:
+def file_rows(bits: np.ndarray, segments: Sequence[CaptureSegment], positions: list[int]) -> None:
+    """After the forward pass: the step's buffer rows (bf16 bits) into each request's file, the
+    first of each segment at its absolute position."""
+    for (target, first_row, length), position in zip(segments, positions, strict=True):
         width = target.shape[1]
         block = bits[first_row : first_row + length * width]
         target[position : position + length] = block.reshape(length, width, -1)

@@ -15,12 +15,15 @@ of the step's batch and per layer, `indices[token, field, layer]` says:
 The math (`apply_interventions`) is branch-free: no host synchronisation, no `.item()`, no
 Python branch on data; a token with slot 0 adds exact zeros (bit-identical to plain). The CUDA
 kernel is that math as it is, so a captured CUDA graph replays it every step. The CPU kernel
-runs under no graph (inductor calls it each step), so it may skip a layer that the step's host
-plan says nothing touches: an idle CPU node pays one call per layer and no tensor work.
+runs under no graph (inductor calls it each step), so it does only what the step's host plan
+says a layer needs (`CpuGate.layer_plans`, gathered from the same buffers once per batch
+layout), with the same results: an idle CPU node pays one call per layer and no tensor work.
 A leaf module: torch only, no vLLM.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -33,18 +36,21 @@ SCHEMA = (
 # Fields of the index buffer's middle dimension.
 STEER_SLOT, NORM_SLOT, CAPTURE_ROW = 0, 1, 2
 N_FIELDS = 3
+# What a step does at a layer, for the CPU kernel (bits of CpuGate.layer_work).
+STEERS, NORM_STEERS, CAPTURES = 1, 2, 4
 # Part of the compile-cache key (hooks/compat.py): change it whenever the op set or its schema
 # changes, so a compiled graph cached with another op set is never loaded.
 OP_SET_VERSION = f"{NAMESPACE}::{SCHEMA}#1"
 
 
 class CpuGate:
-    """The host side of one step, for the CPU kernel: which layers the step touches (a list of
-    bools the runtime sets before the forward pass), and how many op calls the pass made (the
-    runtime checks it: a compiled graph without the op would make none)."""
+    """The host side of one step: what the step does at each layer (`layer_plans`, which the
+    runtime sets before the forward pass and the CPU kernel reads; None: nothing), and how many
+    op calls ran Python in the pass (the runtime checks it on CPU: a compiled graph without the
+    op would make none)."""
 
     def __init__(self) -> None:
-        self.layer_active: list[bool] = []
+        self.layer_plans: list[LayerPlan | None] = []
         self.calls = 0
         # The calls of the last step that used the op (kept for checks and tests).
         self.calls_in_last_active_step = 0
@@ -62,16 +68,72 @@ def apply_interventions(
     layer: int,
 ) -> None:
     """Steer then capture every token of `hidden` (rows beyond the step's tokens are padding:
-    their indices are at rest). Branch-free: safe to capture in a CUDA graph."""
-    rows = indices[: hidden.shape[0], :, layer].long()
+    their indices are at rest). Branch-free: safe to capture in a CUDA graph.
+
+    Per token: delta = bank[steer slot] + bank[norm slot] x |hidden + residual| (the full stream
+    before this layer's vectors), in float32, added to `hidden` with one rounding; a token at
+    rest adds exact zeros. Then the stream (hidden + residual, the model's dtype) goes to its
+    capture row (the scratch row at rest)."""
+    rows = indices[: hidden.shape[0], :, layer]
     stream = hidden.float() + residual.float()
     norms = torch.linalg.vector_norm(stream, dim=-1, keepdim=True)
     delta = bank.index_select(0, rows[:, STEER_SLOT])
     delta += bank.index_select(0, rows[:, NORM_SLOT]) * norms
-    hidden.add_(delta.to(hidden.dtype))
-    # The stream as the next block sees it (the model's dtype, as the fused add computes it).
+    hidden.add_(delta)
     captured = (hidden + residual).to(capture_buffer.dtype)
-    capture_buffer.index_copy_(0, rows[:, CAPTURE_ROW], captured)
+    capture_buffer.index_copy_(0, rows[:, CAPTURE_ROW].long(), captured)
+
+
+class LayerPlan(NamedTuple):
+    """What the CPU kernel does at one layer during steps of one layout, gathered once from the
+    bank and the index buffer when the layout is written (`plan_layers`): the same numbers the
+    branch-free math would gather every step."""
+
+    tokens: int
+    plain: torch.Tensor | None  # float32 [tokens, hidden]: bank[steer slot] per token
+    norm: torch.Tensor | None  # float32 [tokens, hidden]: bank[norm slot] per token
+    capture_rows: torch.Tensor | None  # int64 [tokens]
+
+
+def plan_layers(
+    bank: torch.Tensor, indices: torch.Tensor, work: list[int], tokens: int
+) -> list[LayerPlan | None]:
+    """Per layer, the plan of a step whose first `tokens` rows of `indices` are written and whose
+    layers do `work` (bits of STEERS, NORM_STEERS, CAPTURES); None where a layer does nothing."""
+    plans: list[LayerPlan | None] = []
+    for layer, bits in enumerate(work):
+        if not bits:
+            plans.append(None)
+            continue
+        rows = indices[:tokens, :, layer]
+        plans.append(
+            LayerPlan(
+                tokens,
+                bank.index_select(0, rows[:, STEER_SLOT]) if bits & STEERS else None,
+                bank.index_select(0, rows[:, NORM_SLOT]) if bits & NORM_STEERS else None,
+                rows[:, CAPTURE_ROW].long() if bits & CAPTURES else None,
+            )
+        )
+    return plans
+
+
+def _apply_plan(
+    hidden: torch.Tensor, residual: torch.Tensor, capture_buffer: torch.Tensor, plan: LayerPlan
+) -> None:
+    """`apply_interventions` with the gathers done beforehand and the parts that would add
+    exact zeros or write the scratch row left out: the same results, fewer tensor ops."""
+    if plan.norm is not None:
+        stream = hidden.float() + residual.float()
+        delta = plan.norm * torch.linalg.vector_norm(stream, dim=-1, keepdim=True)
+        if plan.plain is not None:
+            delta += plan.plain
+        hidden.add_(delta)
+    elif plan.plain is not None:
+        hidden.add_(plan.plain)
+    if plan.capture_rows is not None:
+        capture_buffer.index_copy_(
+            0, plan.capture_rows, (hidden + residual).to(capture_buffer.dtype)
+        )
 
 
 def _cpu_kernel(
@@ -84,8 +146,28 @@ def _cpu_kernel(
 ) -> None:
     gate = CPU_GATE
     gate.calls += 1
-    if layer < len(gate.layer_active) and gate.layer_active[layer]:
+    plans = gate.layer_plans
+    plan = plans[layer] if layer < len(plans) else None
+    if plan is None:
+        return
+    if plan.tokens == hidden.shape[0]:
+        _apply_plan(hidden, residual, capture_buffer, plan)
+    else:  # a padded batch: the rows past the step's tokens are at rest
         apply_interventions(hidden, residual, bank, indices, capture_buffer, layer)
+
+
+def _cuda_kernel(
+    hidden: torch.Tensor,
+    residual: torch.Tensor,
+    bank: torch.Tensor,
+    indices: torch.Tensor,
+    capture_buffer: torch.Tensor,
+    layer: int,
+) -> None:
+    # Counted only when this Python runs: eagerly, or while a CUDA graph is captured (a replay
+    # runs the kernels alone). No branch: every step runs the same kernels.
+    CPU_GATE.calls += 1
+    apply_interventions(hidden, residual, bank, indices, capture_buffer, layer)
 
 
 def _fake(
@@ -103,7 +185,7 @@ def _register() -> torch.library.Library:
     library = torch.library.Library(NAMESPACE, "FRAGMENT")
     library.define(SCHEMA)
     library.impl(OP_NAME, _cpu_kernel, "CPU")
-    library.impl(OP_NAME, apply_interventions, "CUDA")
+    library.impl(OP_NAME, _cuda_kernel, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{OP_NAME}", _fake, lib=library)
     return library
 

@@ -22,7 +22,7 @@ from ..activations.payload import AcsPayload, PayloadError
 from ..activations.store import CaptureError, CaptureWriter
 from .capture import CaptureStep, CaptureTable, file_rows
 from .intervention_buffers import BankFullError, InterventionBuffers
-from .intervention_op import CPU_GATE
+from .intervention_op import CAPTURES, CPU_GATE, NORM_STEERS, STEERS, LayerPlan, plan_layers
 from .steering import (
     RequestSlots,
     SteeringSpecError,
@@ -74,6 +74,8 @@ class _Roster:
         self.steering = (
             SteeringTable([self.states[i].slots for i in steered]) if steered else None  # type: ignore[misc]
         )
+        # Position-indexed vectors land on other tokens as positions move: no step reuses rows.
+        self.fixed_layout = self.steering is None or not self.steering.positioned
         captured: list[int] = []
         files: list[tuple[np.ndarray, tuple[int, ...]]] = []
         writers: list[CaptureWriter] = []
@@ -91,6 +93,25 @@ class _Roster:
         self.rows_limit[self.captured] = self.capacity
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """A step's rows as written into the index buffer, and what they were written for."""
+
+    roster: _Roster
+    rows: np.ndarray
+    lengths: np.ndarray
+    kept: np.ndarray | None
+    work: list[int]
+    capture: CaptureStep | None
+    plans: list[LayerPlan | None]  # the CPU kernel's (empty on other devices)
+
+
+def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.shape == b.shape and bool((a == b).all())
+
+
 class ActivationRuntime:
     def __init__(self, *, buffers: InterventionBuffers, root: Path, writes_files: bool) -> None:
         self.buffers = buffers
@@ -102,11 +123,13 @@ class ActivationRuntime:
         self._requests: dict[str, _Request] = {}
         self._roster: _Roster | None = None
         self._capture: CaptureStep | None = None
+        self._capture_positions: list[int] = []
+        self._last: _Layout | None = None  # the last step's rows in the index buffer
         self._advance: list[tuple[_Request, int]] = []
         self._stepping = False
         # The CPU kernel reads which layers a step touches from here (one worker, one model).
         self._gate = CPU_GATE
-        self._gate.layer_active = [False] * self.n_layers
+        self._gate.layer_plans = []
 
     @property
     def active(self) -> bool:
@@ -212,9 +235,11 @@ class ActivationRuntime:
         num_tokens: int,
     ) -> None:
         """Before the forward pass, once the batch is final: this step's slots and capture rows
-        into the index buffer (one copy to the device), for the batch's first `num_tokens`."""
-        buffers = self.buffers
-        buffers.reset_host()
+        into the index buffer (one copy to the device), for the batch's first `num_tokens`.
+
+        A step laid out as the last one (the same requests at the same batch rows with the same
+        token counts: decode steps of a stable batch) finds its rows already there, unless a
+        position-indexed vector or a file's end makes it differ: then only positions move."""
         if self._roster is None:
             self._roster = _Roster(self._requests)
         roster = self._roster
@@ -228,27 +253,80 @@ class ActivationRuntime:
         starts = query_start_loc[rows].astype(np.int64)
         lengths = np.maximum(np.where(present, query_start_loc[rows + 1] - starts, 0), 0)
         positions = num_computed_tokens[rows].astype(np.int64)
-        view = buffers.host_view
-        touched: set[int] = set()
-        capture = None
+        kept = None
         if roster.capture is not None:
             c = roster.captured
             # A file holds prompt + max_tokens - 1 rows: a last pass beyond is not kept.
             kept = np.maximum(np.minimum(lengths[c], roster.capacity - positions[c]), 0)
-            ends = positions[c] + kept
-            for j in np.flatnonzero(ends > roster.reserved).tolist():
-                state = roster.states[c[j]]
-                assert state.writer is not None
-                try:
-                    state.writer.reserve(int(ends[j]))
-                except OSError as exc:
-                    self._fail(state, f"the capture directory is full: {exc}")
-                    # The roster changed: plan the step again without this request.
-                    self.begin_step(
-                        req_id_to_index, query_start_loc, num_computed_tokens, num_tokens
-                    )
-                    return
-                roster.reserved[j] = state.writer.reserved
+            if not self._reserve(roster, positions[c] + kept):
+                # A request failed and the roster changed: plan the step again without it.
+                self.begin_step(req_id_to_index, query_start_loc, num_computed_tokens, num_tokens)
+                return
+        last = self._last
+        if (
+            last is not None
+            and last.roster is roster
+            and roster.fixed_layout
+            and _same(last.rows, rows)
+            and _same(last.lengths, lengths)
+            and (kept is None or _same(last.kept, kept))
+        ):
+            layout = last
+        else:
+            work, capture = self._write_rows(roster, starts, lengths, positions, kept)
+            buffers = self.buffers
+            plans = (
+                plan_layers(buffers.bank, buffers.indices, work, num_tokens)
+                if buffers.device.type == "cpu"
+                else []
+            )
+            layout = self._last = _Layout(roster, rows, lengths, kept, work, capture, plans)
+            buffers.send(num_tokens if any(work) else 0)
+        capture = layout.capture
+        self._capture_positions = (
+            [] if capture is None else positions[roster.captured][capture.kept].tolist()
+        )
+        done = np.minimum(positions + lengths, roster.rows_limit)
+        moved = np.flatnonzero(lengths)
+        self._advance = [
+            (roster.states[i], rows_done)
+            for i, rows_done in zip(moved.tolist(), done[moved].tolist(), strict=True)
+        ]
+        self._capture = capture
+        self._gate.layer_plans = layout.plans
+        self._gate.calls = 0
+        self._stepping = any(layout.work)
+
+    def _reserve(self, roster: _Roster, ends: np.ndarray) -> bool:
+        """Grows capture files to hold this step's rows; False when one failed (disk full)."""
+        for j in np.flatnonzero(ends > roster.reserved).tolist():
+            state = roster.states[roster.captured[j]]
+            assert state.writer is not None
+            try:
+                state.writer.reserve(int(ends[j]))
+            except OSError as exc:
+                self._fail(state, f"the capture directory is full: {exc}")
+                return False
+            roster.reserved[j] = state.writer.reserved
+        return True
+
+    def _write_rows(
+        self,
+        roster: _Roster,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        positions: np.ndarray,
+        kept: np.ndarray | None,
+    ) -> tuple[list[int], CaptureStep | None]:
+        """The step's slots and capture rows into the host index buffer (the last step's put
+        back at rest first); what each layer does; the capture's rows."""
+        buffers = self.buffers
+        buffers.reset_host()
+        view = buffers.host_view
+        work = [0] * self.n_layers
+        capture = None
+        if roster.capture is not None:
+            c = roster.captured
             capture = roster.capture.plan(view, buffers.capture_rows, starts[c], kept, positions[c])
             for j in capture.overflow:
                 self._fail(
@@ -257,28 +335,22 @@ class ActivationRuntime:
                     "worker's capture buffer (VLLM_ACS_CAPTURE_BUFFER_MB): capture fewer layers "
                     "or a shorter prompt, or ask the operator to raise it",
                 )
-            touched |= capture.touched
+            for layer in capture.touched:
+                work[layer] |= CAPTURES
         if roster.steering is not None:
             s = roster.steered
-            touched |= roster.steering.write(view, starts[s], lengths[s], positions[s])
-        done = np.minimum(positions + lengths, roster.rows_limit)
-        moved = np.flatnonzero(lengths)
-        self._advance = [
-            (roster.states[i], rows_done)
-            for i, rows_done in zip(moved.tolist(), done[moved].tolist(), strict=True)
-        ]
-        self._capture = capture
-        gate = self._gate.layer_active
-        for layer in range(self.n_layers):
-            gate[layer] = layer in touched
-        self._gate.calls = 0
-        self._stepping = bool(touched)
-        buffers.send(num_tokens if touched else 0)
+            plain, norm = roster.steering.write(view, starts[s], lengths[s], positions[s])
+            for layer in plain:
+                work[layer] |= STEERS
+            for layer in norm:
+                work[layer] |= NORM_STEERS
+        return work, capture
 
     def _fail(self, state: _Request, message: str) -> None:
         state.fail(message)
         self._release_slots(state)
         self._roster = None
+        self._last = None
 
     def end_step(self, completed: bool) -> None:
         """After the forward pass: rows to the files, then mark them done (in that order)."""
@@ -287,7 +359,7 @@ class ActivationRuntime:
         if stepped:
             self._gate.calls_in_last_active_step = calls
         self._capture, self._advance, self._stepping = None, [], False
-        self._gate.layer_active[:] = [False] * self.n_layers
+        self._gate.layer_plans = []
         if not completed:
             return
         if stepped and self.buffers.device.type == "cpu" and calls < self.n_layers:
@@ -297,7 +369,8 @@ class ActivationRuntime:
                 self._fail(state, f"the intervention op ran on {calls} of {self.n_layers} layers")
             return
         if capture is not None and capture.rows:
-            file_rows(self.buffers.read_capture_rows(capture.rows), capture.segments)
+            bits = self.buffers.read_capture_rows(capture.rows)
+            file_rows(bits, capture.segments, self._capture_positions)
         for state, rows_done in advance:
             if state.writer is not None and not state.failed:
                 state.writer.advance(rows_done)

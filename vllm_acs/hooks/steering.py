@@ -174,15 +174,17 @@ class SteeringTable:
         # Every-position parts first, then the positioned ones, which override them per token.
         self._every = (who_all[every], layer[every], plain[every], norm[every])
         self._at = (who_all[~every], layer[~every], position[~every], plain[~every], norm[~every])
-        self.layers = sorted(set(layer.tolist()))
+        self.positioned = bool((~every).any())
 
     def write(
         self, view: np.ndarray, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray
-    ) -> set[int]:
+    ) -> tuple[set[int], set[int]]:
         """int64 arrays over the table's requests: first batch row, number of tokens in this
         step (0 = not in it), absolute position of the first token. Writes slots into `view`
-        ([tokens, fields, layers]) and returns the layers it touched."""
-        touched: set[int] = set()
+        ([tokens, fields, layers]) and returns the layers given a plain slot and those given a
+        norm-matched slot."""
+        plain_layers: set[int] = set()
+        norm_layers: set[int] = set()
         who, layer, plain, norm = self._every
         counts = lengths[who]
         if counts.any():
@@ -191,7 +193,9 @@ class SteeringTable:
             layers = np.repeat(layer, counts)
             view[tokens, STEER_SLOT, layers] = np.repeat(plain, counts)
             view[tokens, NORM_SLOT, layers] = np.repeat(norm, counts)
-            touched.update(layer[counts > 0].tolist())
+            present = counts > 0
+            plain_layers.update(layer[present & (plain > 0)].tolist())
+            norm_layers.update(layer[present & (norm > 0)].tolist())
         who, layer, position, plain, norm = self._at
         if len(who):
             first = positions[who]
@@ -200,5 +204,6 @@ class SteeringTable:
                 tokens = starts[who][hit] + position[hit] - first[hit]
                 view[tokens, STEER_SLOT, layer[hit]] = plain[hit]
                 view[tokens, NORM_SLOT, layer[hit]] = norm[hit]
-                touched.update(layer[hit].tolist())
-        return touched
+                plain_layers.update(layer[hit & (plain > 0)].tolist())
+                norm_layers.update(layer[hit & (norm > 0)].tolist())
+        return plain_layers, norm_layers

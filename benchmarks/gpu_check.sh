@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU check of capture and steering inside vLLM's compiled engines (issue 20), for a machine
+# with an NVIDIA GPU. Meant to finish in under 8 minutes. Run from the repository root:
+#   bash benchmarks/gpu_check.sh [OUT_DIR]
+# Stages (each prints its own PASS/FAIL lines and figures; logs go to OUT_DIR, default ./gpu-check):
+#   1. the op alone, with torch: eager, inductor and a replayed CUDA graph agree, a captured graph
+#      follows new index contents, and what the op costs at rest (benchmarks/gpu_op_check.py);
+#   2. with vLLM installed (a venv from scripts/bootstrap-venv.sh, which takes vLLM's GPU build on
+#      a machine with nvidia-smi): the engine parity tests in eager mode, vLLM's default
+#      compilation (piecewise and full CUDA graphs) and each CUDA-graph mode alone;
+#   3. the V2 model runner forced (VLLM_USE_V2_MODEL_RUNNER=1): the plugin must refuse it at start
+#      with its message (it is not hooked yet);
+#   4. the overhead benchmark against plain vLLM in its default compiled mode (fewer rounds).
+# Stage 1 needs only torch, numpy and this checkout; stages 2-4 are skipped, and say so, where
+# vLLM is not importable (a device machine that reaches no package index).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-gpu-check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+status=0
+stage() { echo; echo "=== $* ($(date +%T))"; }
+
+stage "0. the machine"
+nvidia-smi -L || { echo "FAIL no NVIDIA GPU"; exit 1; }
+$PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+
+stage "1. the op alone (torch)"
+timeout 240 $PY -m benchmarks.gpu_op_check 2>&1 | tee "$OUT/op_check.log" || status=1
+
+if ! $PY -c 'import vllm' 2>/dev/null; then
+  stage "2-4 skipped: vLLM is not importable with $PY (build .venv with scripts/bootstrap-venv.sh)"
+  exit $status
+fi
+$PY -c 'import vllm; print("vllm", vllm.__version__)'
+
+stage "2. engine parity: eager, default compiled (CUDA graphs), piecewise, full"
+ACS_HOOK_ENGINE_MODES=eager,compiled,piecewise,full timeout 300 $PY -m pytest \
+  tests/e2e/test_hooks_engine.py -q -p no:cacheprovider -x 2>&1 | tee "$OUT/parity.log" || status=1
+
+stage "3. the V2 model runner forced: refused at start, with the reason"
+[ -d "$OUT/tiny" ] || $PY -m vllm_acs.cli tiny-model "$OUT/tiny" > /dev/null
+if VLLM_USE_V2_MODEL_RUNNER=1 timeout 120 $PY tests/e2e/hooks_engine_driver.py \
+  "$OUT/tiny" "$OUT/v2.pkl" wide compiled > "$OUT/v2.log" 2>&1; then
+  echo "FAIL the V2 runner started with the plugin (hook it in compat.py, then check it here)"
+  status=1
+elif grep -q "V1 model runner" "$OUT/v2.log"; then
+  echo "PASS the V2 runner is refused with the plugin's message"
+else
+  echo "FAIL the V2 run failed otherwise: see $OUT/v2.log"; tail -20 "$OUT/v2.log"; status=1
+fi
+
+stage "4. overhead against plain vLLM, compiled (8 rounds)"
+ACS_BENCH_ROUNDS=8 timeout 240 $PY -m benchmarks.hook_overhead 2>&1 | tee "$OUT/overhead.log" \
+  || status=1
+exit $status
