@@ -174,7 +174,10 @@ class _Runner:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.input_batch = types.SimpleNamespace(
-            req_id_to_index={}, num_computed_tokens_cpu=np.zeros(4, dtype=np.int32), num_reqs=0
+            req_id_to_index={},
+            num_computed_tokens_cpu=np.zeros(4, dtype=np.int32),
+            num_reqs=0,
+            req_ids=[],
         )
         self.query_start_loc = types.SimpleNamespace(np=np.zeros(5, dtype=np.int32))
         self.outputs: list[torch.Tensor] = []
@@ -182,6 +185,7 @@ class _Runner:
     def execute_model(self, scheduler_output: Any) -> None:
         batch = scheduler_output.batch  # request id -> (first position, tokens)
         self.input_batch.req_id_to_index = {req_id: i for i, req_id in enumerate(batch)}
+        self.input_batch.req_ids = [*batch, None]  # vLLM's list may run past num_reqs
         self.input_batch.num_reqs = len(batch)
         lengths = [tokens for _, tokens in batch.values()]
         self.query_start_loc.np[: len(lengths) + 1] = np.cumsum([0, *lengths])

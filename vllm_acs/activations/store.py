@@ -97,6 +97,7 @@ class CaptureWriter:
         self.capacity = capacity
         self._row_bytes = 2 * n_layers * hidden
         self._reserved = 0
+        self._rows_done = 0  # what the header says, kept here: advance runs every step
 
     @classmethod
     def create(
@@ -150,7 +151,8 @@ class CaptureWriter:
 
     def advance(self, rows_done: int) -> None:
         """Marks positions [0, rows_done) processed; call only after their rows are written."""
-        if rows_done > self._header[5]:
+        if rows_done > self._rows_done:
+            self._rows_done = rows_done
             self._header[5] = rows_done
 
     def fail(self, message: str) -> None:

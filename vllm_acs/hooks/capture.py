@@ -94,5 +94,8 @@ def file_rows(bits: np.ndarray, segments: Sequence[CaptureSegment], positions: l
     first of each segment at its absolute position."""
     for (target, first_row, length), position in zip(segments, positions, strict=True):
         width = target.shape[1]
-        block = bits[first_row : first_row + length * width]
-        target[position : position + length] = block.reshape(length, width, -1)
+        if length == 1:  # a decode step: one position, its layers in a row
+            target[position] = bits[first_row : first_row + width]
+        else:
+            block = bits[first_row : first_row + length * width]
+            target[position : position + length] = block.reshape(length, width, -1)

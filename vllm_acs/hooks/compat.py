@@ -368,6 +368,7 @@ def _wrap_runner(runner: Any, runtime: ActivationRuntime) -> None:
             query_start_loc,
             batch.num_computed_tokens_cpu,
             int(query_start_loc[num_reqs]),
+            batch.req_ids[:num_reqs],
         )
         completed = False
         try:

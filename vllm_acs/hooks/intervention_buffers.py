@@ -110,6 +110,9 @@ class InterventionBuffers:
                 (self.capture_rows, hidden), dtype=torch.bfloat16, pin_memory=True
             )
             self._copied = torch.cuda.Event()
+            # The last index copy: the host rows are not rewritten before it has read them
+            # (the CPU may run a step ahead of the device).
+            self._sent: torch.cuda.Event | None = None
         self.host_view = self.host_indices.numpy()  # [tokens, fields, layers], numpy int32
         self.steering = SteeringBank(self.bank)
         self._dirty_tokens = 0  # host rows not at rest, from the last step
@@ -120,6 +123,9 @@ class InterventionBuffers:
 
     def reset_host(self) -> None:
         """Puts the last step's rows back at rest (on the host side)."""
+        if self.host_indices is not self.indices and self._sent is not None:
+            self._sent.synchronize()
+            self._sent = None
         n = self._dirty_tokens
         if n:
             view = self.host_view[:n]
@@ -133,6 +139,8 @@ class InterventionBuffers:
         self._dirty_tokens = tokens
         if self.host_indices is not self.indices and span:
             self.indices[:span].copy_(self.host_indices[:span], non_blocking=True)
+            self._sent = torch.cuda.Event()
+            self._sent.record()
 
     def read_capture_rows(self, rows: int) -> np.ndarray:
         """After the forward pass: the step's first `rows` captured rows as bf16 bits (int16)."""

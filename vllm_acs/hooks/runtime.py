@@ -125,6 +125,9 @@ class ActivationRuntime:
         self._capture: CaptureStep | None = None
         self._capture_positions: list[int] = []
         self._last: _Layout | None = None  # the last step's rows in the index buffer
+        # The last step's batch (roster, request order, query offsets) and where the roster's
+        # requests were in it.
+        self._located: tuple[Any, ...] | None = None
         self._advance: list[tuple[_Request, int]] = []
         self._stepping = False
         # The CPU kernel reads which layers a step touches from here (one worker, one model).
@@ -233,9 +236,12 @@ class ActivationRuntime:
         query_start_loc: np.ndarray,
         num_computed_tokens: np.ndarray,
         num_tokens: int,
+        batch_order: list[str] | None = None,
     ) -> None:
         """Before the forward pass, once the batch is final: this step's slots and capture rows
         into the index buffer (one copy to the device), for the batch's first `num_tokens`.
+        `batch_order`: the batch's request ids in row order, when the caller has them (a batch
+        in the same order with the same query offsets as the last step is not looked up again).
 
         A step laid out as the last one (the same requests at the same batch rows with the same
         token counts: decode steps of a stable batch) finds its rows already there, unless a
@@ -243,15 +249,7 @@ class ActivationRuntime:
         if self._roster is None:
             self._roster = _Roster(self._requests)
         roster = self._roster
-        rows = np.fromiter(
-            (req_id_to_index.get(req_id, -1) for req_id in roster.req_ids),
-            dtype=np.int64,
-            count=len(roster.req_ids),
-        )
-        present = rows >= 0
-        rows[~present] = 0
-        starts = query_start_loc[rows].astype(np.int64)
-        lengths = np.maximum(np.where(present, query_start_loc[rows + 1] - starts, 0), 0)
+        rows, starts, lengths = self._locate(roster, req_id_to_index, query_start_loc, batch_order)
         positions = num_computed_tokens[rows].astype(np.int64)
         kept = None
         if roster.capture is not None:
@@ -262,6 +260,7 @@ class ActivationRuntime:
                 # A request failed and the roster changed: plan the step again without it.
                 self.begin_step(req_id_to_index, query_start_loc, num_computed_tokens, num_tokens)
                 return
+
         last = self._last
         if (
             last is not None
@@ -296,6 +295,39 @@ class ActivationRuntime:
         self._gate.layer_plans = layout.plans
         self._gate.calls = 0
         self._stepping = any(layout.work)
+
+    def _locate(
+        self,
+        roster: _Roster,
+        req_id_to_index: Mapping[str, int],
+        query_start_loc: np.ndarray,
+        batch_order: list[str] | None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per roster request: its first batch row, first token and number of tokens (0: not in
+        this step)."""
+        located = self._located
+        offsets = None
+        if batch_order is not None:
+            offsets = query_start_loc[: len(batch_order) + 1]
+            if (
+                located is not None
+                and located[0] is roster
+                and located[1] == batch_order
+                and _same(located[2], offsets)
+            ):
+                return located[3]
+        rows = np.fromiter(
+            (req_id_to_index.get(req_id, -1) for req_id in roster.req_ids),
+            dtype=np.int64,
+            count=len(roster.req_ids),
+        )
+        present = rows >= 0
+        rows[~present] = 0
+        starts = query_start_loc[rows].astype(np.int64)
+        lengths = np.maximum(np.where(present, query_start_loc[rows + 1] - starts, 0), 0)
+        if batch_order is not None and offsets is not None:
+            self._located = (roster, batch_order, offsets.copy(), (rows, starts, lengths))
+        return rows, starts, lengths
 
     def _reserve(self, roster: _Roster, ends: np.ndarray) -> bool:
         """Grows capture files to hold this step's rows; False when one failed (disk full)."""

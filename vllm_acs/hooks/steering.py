@@ -11,8 +11,10 @@ of a fixed list of requests, so a step writes them with a few numpy ops whatever
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +47,7 @@ def steering_rows(
     for number, entry in enumerate(entries):
         where = f"apply_steering_vectors[{number}]"
         try:
-            vectors = decode_array(entry.activations)
+            vectors = _decoded(_codec_key(entry.activations))
         except ValueError as exc:
             raise SteeringSpecError(f"{where}.activations: {exc}") from None
         if vectors.shape[0] != len(entry.layer_indices):
@@ -72,6 +74,22 @@ def steering_rows(
                 SteeringRow(layer, per_layer * np.float32(entry.scale), entry.norm_match, positions)
             )
     return rows
+
+
+def _codec_key(encoded: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(
+        (name, tuple(value) if isinstance(value, list) else value)
+        for name, value in sorted(encoded.items())
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _decoded(key: tuple[tuple[str, Any], ...]) -> np.ndarray:
+    """Decoded vectors by their encoding: a batch that steers with one vector decodes it once
+    (base64 and zstd cost more than the rest of a request's admission). Read-only: callers copy."""
+    vectors = decode_array(dict((name, list(v) if isinstance(v, tuple) else v) for name, v in key))
+    vectors.setflags(write=False)
+    return vectors
 
 
 def absolute_positions(
