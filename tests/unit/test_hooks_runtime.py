@@ -171,3 +171,19 @@ def test_idle_steps_plan_nothing(tmp_path: Path):
     runtime.begin_step({"B": 0}, np.array([0, 3]), np.array([0]), 3)  # W still waits
     assert not runtime.stepping and not runtime.buffers.dirty
     runtime.end_step(True)
+
+
+def test_a_step_whose_requests_moved_in_the_batch_is_planned_again(tmp_path: Path):
+    """Decode steps of an unchanged batch reuse the index rows; a plain request's prefill chunk
+    ahead of a steered one shifts its token (same batch row, same count): not reused."""
+    runtime = _runtime(tmp_path)
+    vector = encode_array(np.ones((1, HIDDEN), dtype=np.float32))
+    runtime.add_requests(
+        [_new("S", AcsPayload("s", steering=(SteeringEntry(vector, (0,)),)), 2, 4)]
+    )
+    seen = _step(runtime, [("P", 0, 3), ("S", 2, 1)])
+    assert seen[0][:, 0].tolist() == [0.0, 1.0, 2.0, 53.0]
+    seen = _step(runtime, [("P", 3, 2), ("S", 3, 1)])
+    assert seen[0][:, 0].tolist() == [3.0, 4.0, 54.0]
+    seen = _step(runtime, [("P", 5, 2), ("S", 4, 1)])  # the same layout: reused
+    assert seen[0][:, 0].tolist() == [5.0, 6.0, 55.0]

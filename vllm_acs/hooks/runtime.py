@@ -98,7 +98,7 @@ class _Layout:
     """A step's rows as written into the index buffer, and what they were written for."""
 
     roster: _Roster
-    rows: np.ndarray
+    starts: np.ndarray
     lengths: np.ndarray
     kept: np.ndarray | None
     work: list[int]
@@ -243,7 +243,7 @@ class ActivationRuntime:
         `batch_order`: the batch's request ids in row order, when the caller has them (a batch
         in the same order with the same query offsets as the last step is not looked up again).
 
-        A step laid out as the last one (the same requests at the same batch rows with the same
+        A step laid out as the last one (the same requests at the same first tokens with the same
         token counts: decode steps of a stable batch) finds its rows already there, unless a
         position-indexed vector or a file's end makes it differ: then only positions move."""
         if self._roster is None:
@@ -266,7 +266,7 @@ class ActivationRuntime:
             last is not None
             and last.roster is roster
             and roster.fixed_layout
-            and _same(last.rows, rows)
+            and _same(last.starts, starts)
             and _same(last.lengths, lengths)
             and (kept is None or _same(last.kept, kept))
         ):
@@ -279,7 +279,7 @@ class ActivationRuntime:
                 if buffers.device.type == "cpu"
                 else []
             )
-            layout = self._last = _Layout(roster, rows, lengths, kept, work, capture, plans)
+            layout = self._last = _Layout(roster, starts, lengths, kept, work, capture, plans)
             buffers.send(num_tokens if any(work) else 0)
         capture = layout.capture
         self._capture_positions = (
