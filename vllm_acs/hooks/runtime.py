@@ -104,6 +104,8 @@ class _Layout:
     work: list[int]
     capture: CaptureStep | None
     plans: list[LayerPlan | None]  # the CPU kernel's (empty on other devices)
+    moved: np.ndarray  # the roster's requests with tokens in the step
+    moved_list: list[int]
 
 
 def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
@@ -266,8 +268,9 @@ class ActivationRuntime:
             last is not None
             and last.roster is roster
             and roster.fixed_layout
-            and _same(last.starts, starts)
-            and _same(last.lengths, lengths)
+            # The same arrays when _locate found the same batch; else compared by value.
+            and (last.starts is starts or _same(last.starts, starts))
+            and (last.lengths is lengths or _same(last.lengths, lengths))
             and (kept is None or _same(last.kept, kept))
         ):
             layout = last
@@ -279,17 +282,21 @@ class ActivationRuntime:
                 if buffers.device.type == "cpu"
                 else []
             )
-            layout = self._last = _Layout(roster, starts, lengths, kept, work, capture, plans)
+            moved = np.flatnonzero(lengths)
+            layout = self._last = _Layout(
+                roster, starts, lengths, kept, work, capture, plans, moved, moved.tolist()
+            )
             buffers.send(num_tokens if any(work) else 0)
         capture = layout.capture
         self._capture_positions = (
             [] if capture is None else positions[roster.captured][capture.kept].tolist()
         )
-        done = np.minimum(positions + lengths, roster.rows_limit)
-        moved = np.flatnonzero(lengths)
+        moved = layout.moved
+        done = np.minimum(positions[moved] + lengths[moved], roster.rows_limit[moved])
+        states = roster.states
         self._advance = [
-            (roster.states[i], rows_done)
-            for i, rows_done in zip(moved.tolist(), done[moved].tolist(), strict=True)
+            (states[i], rows_done)
+            for i, rows_done in zip(layout.moved_list, done.tolist(), strict=True)
         ]
         self._capture = capture
         self._gate.layer_plans = layout.plans
