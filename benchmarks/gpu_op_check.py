@@ -73,6 +73,15 @@ class Model(torch.nn.Module):
         return hidden + residual
 
 
+def _bf16(bits) -> torch.Tensor:
+    return torch.from_numpy(bits).view(torch.bfloat16).float()
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.float().cpu(), b.float().cpu()
+    return bool(((a - b).norm(dim=-1) <= 0.02 * b.norm(dim=-1) + 1e-3).all())
+
+
 def _plan(buffers: InterventionBuffers, slot: int, layer: int, tokens: range, rows: int) -> None:
     """Steer `tokens` at `layer` with `slot` (plain and norm-matched), capture them at layer 0."""
     buffers.reset_host()
@@ -121,13 +130,30 @@ def main() -> None:
         check("eager steer changes only its tokens", not torch.equal(eager[2:6], without(x)[2:6]))
         check("eager steer leaves the others", torch.equal(eager[6:], without(x)[6:]))
 
+        # Inductor may round the model's own ops differently from eager: the compiled model is
+        # held to the compiled model without the op, and to eager within bf16 rounding.
         compiled = torch.compile(with_op)
-        out = compiled(x)
-        check("compiled steer equals eager", torch.equal(out, eager))
+        compiled_plain = torch.compile(without)
+        buffers.reset_host()
+        buffers.send(TOKENS)
+        CPU_GATE.layer_plans = []
+        at_rest = compiled(x).clone()
+        plain = compiled_plain(x)
+        _plan(buffers, slot, 3, range(2, 6), 0)
+        compiled_steer = compiled(x).clone()
+        compiled_rows = buffers.read_capture_rows(4).copy()
         check(
-            "compiled capture equals eager",
-            (buffers.read_capture_rows(4) == eager_rows).all().item(),
+            "compiled steer changes only its tokens",
+            not torch.equal(compiled_steer[2:6], at_rest[2:6]),
         )
+        check("compiled steer leaves the others", torch.equal(compiled_steer[6:], at_rest[6:]))
+        check("compiled steer near eager", _close(compiled_steer, eager))
+        check("compiled capture near eager", _close(_bf16(compiled_rows), _bf16(eager_rows)))
+        # Not required: the op materialises the stream in the model's dtype between layers,
+        # where inductor may keep float32 inside one fused kernel without it.
+        check("compiled at rest near compiled without the op", _close(at_rest, plain))
+        same = torch.equal(at_rest, plain)
+        print(f"INFO compiled at rest bit-identical to compiled without the op: {same}")
         if on_cpu:
             finish()
             return
@@ -139,24 +165,23 @@ def main() -> None:
             static_out = compiled(static_x)
         _plan(buffers, slot, 3, range(2, 6), 0)
         graph.replay()
-        check("graph replay equals eager", torch.equal(static_out, eager))
+        check("graph replay equals compiled", torch.equal(static_out, compiled_steer))
         _plan(buffers, slot, 5, range(10, 12), 4)  # another layer, tokens and capture rows
         graph.replay()
         moved = static_out.clone()
-        check("graph follows new indices", not torch.equal(moved, eager))
-        reference = with_op(x)
-        check("graph with new indices equals eager", torch.equal(moved, reference))
+        check("graph follows new indices", not torch.equal(moved, compiled_steer))
+        check("graph with new indices equals compiled", torch.equal(moved, compiled(x)))
         buffers.reset_host()
         buffers.send(TOKENS)
         graph.replay()
-        compiled_plain = torch.compile(without)
+        check("graph at rest equals compiled at rest", torch.equal(static_out, at_rest))
         plain_x = x.clone()
         compiled_plain(plain_x)
         plain_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(plain_graph):
             plain_out = compiled_plain(plain_x)
         plain_graph.replay()
-        check("graph at rest equals the graph without the op", torch.equal(static_out, plain_out))
+        check("graph at rest near the graph without the op", _close(static_out, plain_out))
         timings = {}
         for name, g in (("without", plain_graph), ("with_op_at_rest", graph)) * 2:
             torch.cuda.synchronize()
