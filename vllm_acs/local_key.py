@@ -91,7 +91,8 @@ def banner(secret: str, path: Path, port: int, made: bool, model: str) -> str:
             f'    python -c \'from openai import OpenAI; print(OpenAI(base_url="{base}/v1", '
             f'api_key="{secret}").completions.create(model="{model}", prompt="The sky is", '
             "max_tokens=8).choices[0].text)'",
-            "More keys, accounts and budgets: `vllm-acs keys --help` (README, 'Accounts and keys').",
+            "More keys, accounts and budgets: `vllm-acs keys --help` (README: 'Accounts, keys, "
+            "usage').",
             f"The API's pages: {base}/docs",
         ]
     )
