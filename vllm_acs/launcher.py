@@ -20,8 +20,11 @@ PLUGIN_NAME = "acs"
 # -1 lets vLLM compute full-vocabulary prompt logprobs (the plugin caps positive counts).
 # Compilation is the operator's (vLLM's default, `--enforce-eager`, `-O`, `--compilation-config`):
 # capture and steering run inside compiled graphs as a custom op (hooks/intervention_op.py).
+# --enable-offline-docs: /docs loads Swagger UI from the files vLLM ships (/static/...), never
+# from a CDN: a node often has no internet.
 DEFAULT_SERVE_ARGS: dict[str, list[str]] = {
     "--max-logprobs": ["--max-logprobs", "-1"],
+    "--enable-offline-docs": ["--enable-offline-docs"],
 }
 
 
@@ -76,5 +79,12 @@ def run_vllm_serve(serve_args: Sequence[str], plugin: bool = True) -> None:
     parser, serve = _serve_parser()
     args = parser.parse_args(["serve", *with_default_args(serve_args)])
     configure_logging_from_args(args)
+    if plugin:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            from .cpu_kv_cache import apply_default
+
+            apply_default(args, os.environ, serve_args)
     serve.validate(args)
     args.dispatch_function(args)

@@ -203,8 +203,10 @@ def add_operator_commands(sub: Any) -> None:
     command(acts.add_parser("current", help="print the schema revision"), _db, False)
 
     from .job_commands import add_job_commands
+    from .local_key import add_local_key_command
 
     add_job_commands(sub, command)
+    add_local_key_command(sub)
 
 
 def _run(args: argparse.Namespace, handler: Any, upgrade: bool | None) -> int:

@@ -53,7 +53,8 @@ PUBLIC = {
     "/openapi.json": {"GET", "HEAD"},
     "/docs": {"GET", "HEAD"},
     "/docs/oauth2-redirect": {"GET", "HEAD"},
-    "/redoc": {"GET", "HEAD"},
+    "/static/swagger-ui-bundle.js": {"GET", "HEAD"},
+    "/static/swagger-ui.css": {"GET", "HEAD"},
 }
 # Routes vLLM 0.32 and 0.33 register depending on flags, tasks and environment.
 VLLM_PATHS = (
@@ -70,9 +71,11 @@ VLLM_PATHS = (
     "/v1/chat/completions/render", "/v1/completions/render", "/v1/completions/derender",
     "/get_tokenizer_info", "/generative_scoring", "/v1/systemone",
 )  # fmt: skip
+STATIC_DOCS = ("/static/swagger-ui-bundle.js", "/static/swagger-ui.css")
 MADE_UP = (
     "/", "/made-up", "/v2/completions", "/invocations/", "/v1/completions/", "//v1/completions",
-    "/v1", "/v1/", "/metrics/x", "/healthz", "/HEALTH", "/docs/x", "/v1/models/x/y",
+    "/v1", "/v1/", "/metrics/x", "/healthz", "/HEALTH", "/docs/x", "/v1/models/x/y", "/redoc",
+    "/static/x.js",
     "/static/../invocations", "/v1/completions%2Frender",
 )  # fmt: skip
 
@@ -160,7 +163,7 @@ def test_public_routes_answer_other_methods_with_405(acs_server, api_key):
 
 
 def test_the_public_surface_outside_v1_needs_no_key(acs_server):
-    for path in ("/health", "/openapi.json", "/docs", "/redoc"):
+    for path in ("/health", "/openapi.json", "/docs", *STATIC_DOCS):
         response = httpx.get(f"{acs_server.base_url}{path}")
         assert response.status_code == 200, path
         assert response.headers["x-request-id"]

@@ -17,13 +17,24 @@ def test_acs_is_added_to_the_plugin_allowlist():
 
 
 def test_defaults_apply_unless_the_operator_gives_the_flag():
-    assert with_default_args(["m"]) == ["m", "--max-logprobs", "-1"]
-    assert with_default_args(["m", "--max-logprobs", "5"]) == ["m", "--max-logprobs", "5"]
-    assert with_default_args(["m", "--max-logprobs=5"]) == ["m", "--max-logprobs=5"]
+    docs = "--enable-offline-docs"
+    assert with_default_args(["m"]) == ["m", "--max-logprobs", "-1", docs]
+    assert with_default_args(["m", "--max-logprobs", "5"]) == ["m", "--max-logprobs", "5", docs]
+    assert with_default_args(["m", "--max-logprobs=5", "--no-enable-offline-docs"]) == [
+        "m",
+        "--max-logprobs=5",
+        "--no-enable-offline-docs",
+    ]
 
 
 def test_compilation_is_left_to_the_operator():
     """The op runs inside compiled graphs: no --enforce-eager is added, and the operator's own
     compilation flags pass through unchanged."""
     for flags in (["--enforce-eager"], ["-O", "0"], ["--compilation-config", '{"mode": 3}'], []):
-        assert with_default_args(["m", *flags]) == ["m", *flags, "--max-logprobs", "-1"]
+        assert with_default_args(["m", *flags]) == [
+            "m",
+            *flags,
+            "--max-logprobs",
+            "-1",
+            "--enable-offline-docs",
+        ]

@@ -11,7 +11,14 @@ from vllm_acs.contract.routes import PUBLIC_NODE_ROUTES, PUBLIC_V1_ROUTES
 from vllm_acs.routes.openapi import build_openapi
 from vllm_acs.settings import Settings
 
-UNDOCUMENTED = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+# The API's description and its browsable page (Swagger UI and its two files): not operations.
+UNDOCUMENTED = {
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/static/swagger-ui-bundle.js",
+    "/static/swagger-ui.css",
+}
 LOOM = "/v1/looms/{loom_id}"
 NODE = LOOM + "/nodes/{node_id}"
 GENERATIONS = (NODE + "/branch", NODE + "/replay", NODE + "/score")

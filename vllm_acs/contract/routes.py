@@ -61,14 +61,15 @@ PUBLIC_V1_ROUTES: tuple[PublicRoute, ...] = (
     _route("/v1/looms/{loom_id}/nodes/{node_id}/replay", "POST"),
     _route("/v1/looms/{loom_id}/nodes/{node_id}/score", "POST"),
 )
-# Outside /v1: liveness, the API's description and its browsable UI (FastAPI's, as vLLM builds
-# it; with --enable-offline-docs the UI's files under /static stay closed).
+# Outside /v1: liveness, the API's description and its browsable UI: Swagger UI from the files
+# vLLM ships (`vllm-acs serve` passes --enable-offline-docs), so the page needs no other origin.
 PUBLIC_NODE_ROUTES: tuple[PublicRoute, ...] = (
     _route("/health", "GET"),
     _route("/openapi.json", "GET"),
     _route("/docs", "GET"),
     _route("/docs/oauth2-redirect", "GET"),
-    _route("/redoc", "GET"),
+    _route("/static/swagger-ui-bundle.js", "GET"),
+    _route("/static/swagger-ui.css", "GET"),
     # A harvest's files, by signed URL: the signature is the credential, not an API key.
     _route("/downloads/{job_id}/{file_name}", "GET"),
 )
