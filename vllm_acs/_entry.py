@@ -100,6 +100,7 @@ class AcsEndpointPlugin:
         from .middleware.strict_validation import StrictValidationMiddleware
         from .middleware.usage_chunk import UsageChunkMiddleware
         from .plugins import build_plugin_manager
+        from .routes.docs_page import build_router as build_docs_router
         from .routes.harvest.api_router import build_router as build_harvest_router
         from .routes.harvest.service import HARVEST_PATH, HarvestService
         from .routes.jobs.api_router import build_router as build_jobs_router
@@ -128,6 +129,7 @@ class AcsEndpointPlugin:
         self.looms = LoomService(settings, utc_now)
         self.generations = GenerationService(self.looms, self.models, settings, utc_now)
         app.include_router(build_looms_router(self.looms, self.generations))
+        app.include_router(build_docs_router("vllm_acs"))
         document = build_openapi(settings, __version__)
         app.openapi = lambda: document  # type: ignore[method-assign]
         surface = Surface(settings.expose_vllm_routes, metrics=settings.expose_metrics)
