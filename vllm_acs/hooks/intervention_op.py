@@ -23,7 +23,7 @@ A leaf module: torch only, no vLLM.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -156,28 +156,15 @@ def _cpu_kernel(
         apply_interventions(hidden, residual, bank, indices, capture_buffer, layer)
 
 
-def _cuda_kernel(
-    hidden: torch.Tensor,
-    residual: torch.Tensor,
-    bank: torch.Tensor,
-    indices: torch.Tensor,
-    capture_buffer: torch.Tensor,
-    layer: int,
-) -> None:
-    # Counted only when this Python runs: eagerly, or while a CUDA graph is captured (a replay
-    # runs the kernels alone). No branch: every step runs the same kernels.
+def _cuda_kernel(*args: Any) -> None:
+    """The schema's arguments, as `apply_interventions` takes them. Counted only when this Python
+    runs: eagerly, or while a CUDA graph is captured (a replay runs the kernels alone)."""
     CPU_GATE.calls += 1
-    apply_interventions(hidden, residual, bank, indices, capture_buffer, layer)
+    apply_interventions(*args)
 
 
-def _fake(
-    hidden: torch.Tensor,
-    residual: torch.Tensor,
-    bank: torch.Tensor,
-    indices: torch.Tensor,
-    capture_buffer: torch.Tensor,
-    layer: int,
-) -> None:
+def _fake(*args: Any) -> None:
+    """Tracing: the op returns nothing; its effects are the mutations the schema declares."""
     return None
 
 
