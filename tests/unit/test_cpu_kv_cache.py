@@ -46,7 +46,7 @@ def test_a_model_whose_one_sequence_cannot_fit_is_refused_with_what_to_set(tmp_p
         '{"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096}'
     )
     # 512 KiB a token: 131072 tokens need 64 GiB; half of 8 GiB is free for it.
-    with pytest.raises(KvCacheTooSmall, match="--max-model-len.*VLLM_CPU_KVCACHE_SPACE"):
+    with pytest.raises(KvCacheTooSmall, match=r"--max-model-len.*VLLM_CPU_KVCACHE_SPACE"):
         choose(str(tmp_path), 131072, available_bytes=8 * 1024 * MIB)
 
 
