@@ -27,6 +27,11 @@ FREE_MEMORY_SHARE = 0.5
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
+class KvCacheTooSmall(SystemExit):
+    """Not even one full-length sequence fits in the memory this node may take: says what to
+    set (raised before vLLM starts, which would name only its GPU setting)."""
+
+
 @dataclass(frozen=True)
 class KvCacheChoice:
     size_bytes: int
@@ -71,9 +76,16 @@ def choose(model: str, max_model_len: int | None, available_bytes: int) -> KvCac
         want = per_token * max_model_len * SEQUENCES
         why = f"{SEQUENCES} sequences of {max_model_len} tokens at {per_token} bytes a token"
     size = max(FLOOR_BYTES, want)
-    if size > cap:
-        return KvCacheChoice(cap, f"{why} would need {size // MIB} MiB; half the free memory")
-    return KvCacheChoice(size, why)
+    if size <= cap:
+        return KvCacheChoice(size, why)
+    if per_token is not None and max_model_len and per_token * max_model_len > cap:
+        raise KvCacheTooSmall(
+            f"vllm-acs serve: one sequence of {max_model_len} tokens of this model needs "
+            f"{per_token * max_model_len // MIB} MiB of KV cache, and half of the free memory is "
+            f"{cap // MIB} MiB: lower --max-model-len, free memory, or set the size yourself "
+            "(VLLM_CPU_KVCACHE_SPACE in GiB, or --kv-cache-memory-bytes)"
+        )
+    return KvCacheChoice(cap, f"{why} would need {size // MIB} MiB; half the free memory")
 
 
 def apply_default(args: Any, environ: Mapping[str, str], argv: Sequence[str]) -> None:

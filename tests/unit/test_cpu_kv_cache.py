@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from vllm_acs.cpu_kv_cache import FLOOR_BYTES, MIB, apply_default, bytes_per_token, choose
+from vllm_acs.cpu_kv_cache import (
+    FLOOR_BYTES,
+    MIB,
+    KvCacheTooSmall,
+    apply_default,
+    bytes_per_token,
+    choose,
+)
 from vllm_acs.tiny_model import write_tiny_model
 
 
@@ -32,6 +39,15 @@ def test_a_large_model_is_capped_at_half_the_free_memory(tmp_path: Path):
     choice = choose(str(tmp_path), 8192, available_bytes=9 * 1024 * MIB)
     assert choice.size_bytes == int(9 * 1024 * MIB * 0.5)
     assert "half the free memory" in choice.reason
+
+
+def test_a_model_whose_one_sequence_cannot_fit_is_refused_with_what_to_set(tmp_path: Path):
+    (tmp_path / "config.json").write_text(
+        '{"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096}'
+    )
+    # 512 KiB a token: 131072 tokens need 64 GiB; half of 8 GiB is free for it.
+    with pytest.raises(KvCacheTooSmall, match=r"--max-model-len.*VLLM_CPU_KVCACHE_SPACE"):
+        choose(str(tmp_path), 131072, available_bytes=8 * 1024 * MIB)
 
 
 def test_a_model_not_on_disk_gets_a_modest_default():
