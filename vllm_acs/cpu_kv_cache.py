@@ -46,14 +46,20 @@ def operator_chose(args: Any, environ: Mapping[str, str], argv: Sequence[str]) -
     return any(a.split("=", 1)[0] == "--gpu-memory-utilization" for a in argv)
 
 
-def bytes_per_token(model_dir: Path) -> int | None:
-    """K and V of every layer for one token, from a local checkpoint's config.json (None when
-    the model is not a local directory or its config says too little)."""
+def model_config(model_dir: Path) -> dict[str, Any]:
+    """A local checkpoint's config.json (its text model's part); empty when the model is not a
+    local directory."""
     try:
         config = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError):
-        return None
-    config = config.get("text_config", config)
+        return {}
+    return config.get("text_config", config) if isinstance(config, dict) else {}
+
+
+def bytes_per_token(model_dir: Path) -> int | None:
+    """K and V of every layer for one token, from a local checkpoint's config.json (None when
+    the model is not a local directory or its config says too little)."""
+    config = model_config(model_dir)
     try:
         layers = int(config["num_hidden_layers"])
         heads = int(config["num_attention_heads"])
@@ -95,13 +101,9 @@ def apply_default(args: Any, environ: Mapping[str, str], argv: Sequence[str]) ->
     import psutil
 
     model = getattr(args, "model_tag", None) or args.model
-    max_model_len = getattr(args, "max_model_len", None)
-    if not max_model_len:
-        per_token_config = Path(model) / "config.json"
-        try:
-            max_model_len = json.loads(per_token_config.read_text()).get("max_position_embeddings")
-        except (OSError, ValueError):
-            max_model_len = None
+    max_model_len = getattr(args, "max_model_len", None) or model_config(Path(model)).get(
+        "max_position_embeddings"
+    )
     choice = choose(model, max_model_len, psutil.virtual_memory().available)
     args.kv_cache_memory_bytes = choice.size_bytes
     logger.info(

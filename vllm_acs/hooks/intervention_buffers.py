@@ -88,7 +88,6 @@ class InterventionBuffers:
     ) -> None:
         self.n_layers = n_layers
         self.hidden = hidden
-        self.max_tokens = max_tokens
         self.device = device
         self.capture_rows = max(1, int(capture_mb * BYTES_PER_MB) // (2 * hidden))
         self.scratch_row = self.capture_rows

@@ -405,7 +405,12 @@ class ActivationRuntime:
             # A graph without the op (a stale compile cache, a rewired model) would skip it:
             # never report success. (Under a CUDA graph the kernel's Python does not run.)
             for state, _ in advance:
-                self._fail(state, f"the intervention op ran on {calls} of {self.n_layers} layers")
+                self._fail(
+                    state,
+                    f"capture and steering did not run on every layer: the intervention op ran "
+                    f"on {calls} of {self.n_layers} layers (a compiled graph without vllm_acs's "
+                    "op, or a model it does not know); the operator's node log says more",
+                )
             return
         if capture is not None and capture.rows:
             bits = self.buffers.read_capture_rows(capture.rows)
