@@ -97,7 +97,9 @@ def _plan(buffers: InterventionBuffers, slot: int, layer: int, tokens: range, ro
         (STEERS | NORM_STEERS if index == layer else 0) | (CAPTURES if index == 0 else 0)
         for index in range(LAYERS)
     ]
-    CPU_GATE.layer_plans = plan_layers(buffers.bank, buffers.indices, work, TOKENS)
+    CPU_GATE.layer_plans = plan_layers(
+        buffers.bank, buffers.indices, buffers.capture_buffer, work, TOKENS
+    )
 
 
 def main() -> None:

@@ -4,7 +4,8 @@ Three engines run side by side in one driver process: plain vLLM in its default 
 (the baseline; its EngineCore started without the acs plugin), plain vLLM with --enforce-eager
 (what the plugin used to force: `eager_plain`), and vLLM with the plugin in the default compiled
 mode, which serves the modes idle, capture of one layer, capture of every layer and steering of
-one layer. Same prompts, batch sizes 1 and 32. Each round runs every mode once, back to back, in
+one layer. Fresh random prompts of 24 tokens for every run (none repeats, so no mode reads the
+prefix cache), batch sizes 1 and 32. Each round runs every mode once, back to back, in
 a rotated order; only one engine works at a time.
 
 Why paired rounds: this shared 2-core machine changes speed by 20-50% from one second to the next
@@ -82,10 +83,6 @@ def _measure(model: str, root: Path) -> dict[str, dict[int, list[float]]]:
         "plugin": _engine(model, plugin=True),
     }
     rng = np.random.default_rng(1)
-    prompts = [
-        TokensPrompt(prompt_token_ids=[1, *rng.integers(3, 1000, PROMPT_TOKENS - 1).tolist()])
-        for _ in range(max(BATCHES))
-    ]
     rates: dict[str, dict[int, list[float]]] = {m: {b: [] for b in BATCHES} for m in MODES}
     run = 0
     for round_ in range(ROUNDS + 1):  # round 0 warms up
@@ -101,8 +98,16 @@ def _measure(model: str, root: Path) -> dict[str, dict[int, list[float]]]:
                     )
                     for extra in extras
                 ]
+                # Fresh prompts for every run, as traffic has: a prompt seen before would be a
+                # prefix-cache hit for every mode but capture, which must compute its activations.
+                prompts = [
+                    TokensPrompt(
+                        prompt_token_ids=[1, *rng.integers(3, 1000, PROMPT_TOKENS - 1).tolist()]
+                    )
+                    for _ in range(batch)
+                ]
                 start = time.perf_counter()
-                outputs = llm.generate(prompts[:batch], params, use_tqdm=False)
+                outputs = llm.generate(prompts, params, use_tqdm=False)
                 elapsed = time.perf_counter() - start
                 tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
                 if round_:

@@ -8,7 +8,14 @@ import torch
 
 from vllm_acs.hooks.capture import CaptureTable, file_rows
 from vllm_acs.hooks.intervention_buffers import InterventionBuffers
-from vllm_acs.hooks.intervention_op import CAPTURE_ROW, apply_interventions
+from vllm_acs.hooks.intervention_op import (
+    CAPTURE_ROW,
+    CAPTURES,
+    CPU_GATE,
+    apply_interventions,
+    intervene,
+    plan_layers,
+)
 
 HIDDEN = 4
 
@@ -56,6 +63,50 @@ def test_rows_of_each_request_land_at_their_positions_and_layers():
     assert np.array_equal(a[4:7, 1], outputs[2][2:5])
     assert np.array_equal(b[8, 0], outputs[1][6])
     assert not a[:4].any() and not a[7:].any() and not b[:8].any()
+
+
+def test_the_cpu_kernel_writes_the_rows_the_dense_math_writes():
+    """The CPU kernel writes evenly spaced rows through a view of the buffer and others by a
+    gather; both must equal the branch-free math (the CUDA kernel), bit for bit."""
+    batches = {
+        "one request, whole chunk": [(np.zeros((8, 1, HIDDEN), np.int16), (1,), 0, 5)],
+        "one request, two layers (rows two apart)": [
+            (np.zeros((8, 2, HIDDEN), np.int16), (0, 1), 0, 5)
+        ],
+        "a token in the middle captures nothing": [
+            (np.zeros((8, 1, HIDDEN), np.int16), (1,), 0, 2),
+            (np.zeros((8, 1, HIDDEN), np.int16), (1,), 3, 2),
+        ],
+        "requests of different widths": [
+            (np.zeros((8, 2, HIDDEN), np.int16), (0, 1), 0, 2),
+            (np.zeros((8, 1, HIDDEN), np.int16), (1,), 2, 3),
+        ],
+    }
+    for name, requests in batches.items():
+        results = []
+        for planned in (False, True):
+            buffers = _buffers(64)
+            table = CaptureTable([(target, layers) for target, layers, _, _ in requests])
+            starts = np.array([start for *_, start, _ in requests])
+            lengths = np.array([length for *_, length in requests])
+            step = table.plan(
+                buffers.host_view, buffers.capture_rows, starts, lengths, np.zeros_like(starts)
+            )
+            work = [CAPTURES if n in step.touched else 0 for n in range(3)]
+            CPU_GATE.layer_plans = plan_layers(
+                buffers.bank, buffers.indices, buffers.capture_buffer, work, 5
+            )
+            for layer in range(3):
+                hidden = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(layer))
+                args = (hidden.bfloat16(), torch.ones(5, HIDDEN).bfloat16())
+                buffer_args = (buffers.bank, buffers.indices, buffers.capture_buffer, layer)
+                if planned:
+                    intervene()(*args, *buffer_args)
+                else:
+                    apply_interventions(*args, *buffer_args)
+            CPU_GATE.layer_plans = []
+            results.append(buffers.read_capture_rows(step.rows).copy())
+        assert np.array_equal(results[0], results[1]), name
 
 
 def test_a_step_without_rows_to_keep_plans_nothing():

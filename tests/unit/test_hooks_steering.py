@@ -73,7 +73,9 @@ class _Step:
             (STEERS if n in self.plain else 0) | (NORM_STEERS if n in self.norm else 0)
             for n in range(N_LAYERS)
         ]
-        CPU_GATE.layer_plans = plan_layers(buffers.bank, buffers.indices, work, len(hidden))
+        CPU_GATE.layer_plans = plan_layers(
+            buffers.bank, buffers.indices, buffers.capture_buffer, work, len(hidden)
+        )
         intervene()(planned, residual, buffers.bank, buffers.indices, buffers.capture_buffer, layer)
         assert torch.equal(planned.view(-1), dense.view(-1))
         return dense

@@ -100,9 +100,11 @@ class InterventionBuffers:
         self.capture_buffer = torch.empty(
             (self.capture_rows + 1, hidden), dtype=torch.bfloat16, device=device
         )
-        on_host = device.type == "cpu"
+        self.on_host = on_host = device.type == "cpu"
         if on_host:
             self.host_indices = self.indices
+            # The buffer's rows as bf16 bits, for filing after each step without a tensor call.
+            self._capture_bits = self.capture_buffer.view(torch.int16).numpy()
         else:
             self.host_indices = self.indices.cpu().pin_memory()
             self._host_capture = torch.empty(
@@ -143,8 +145,8 @@ class InterventionBuffers:
 
     def read_capture_rows(self, rows: int) -> np.ndarray:
         """After the forward pass: the step's first `rows` captured rows as bf16 bits (int16)."""
-        if self.device.type == "cpu":
-            return self.capture_buffer[:rows].view(torch.int16).numpy()
+        if self.on_host:
+            return self._capture_bits[:rows]
         host = self._host_capture[:rows]
         host.copy_(self.capture_buffer[:rows], non_blocking=True)
         self._copied.record()

@@ -93,10 +93,17 @@ class LayerPlan(NamedTuple):
     plain: torch.Tensor | None  # float32 [tokens, hidden]: bank[steer slot] per token
     norm: torch.Tensor | None  # float32 [tokens, hidden]: bank[norm slot] per token
     capture_rows: torch.Tensor | None  # int64 [tokens]
+    # The capture rows as one view of the buffer, when they are evenly spaced (one request, or
+    # requests capturing as many layers each): the stream is written there with no gather.
+    capture_view: torch.Tensor | None = None
 
 
 def plan_layers(
-    bank: torch.Tensor, indices: torch.Tensor, work: list[int], tokens: int
+    bank: torch.Tensor,
+    indices: torch.Tensor,
+    capture_buffer: torch.Tensor,
+    work: list[int],
+    tokens: int,
 ) -> list[LayerPlan | None]:
     """Per layer, the plan of a step whose first `tokens` rows of `indices` are written and whose
     layers do `work` (bits of STEERS, NORM_STEERS, CAPTURES); None where a layer does nothing."""
@@ -106,15 +113,26 @@ def plan_layers(
             plans.append(None)
             continue
         rows = indices[:tokens, :, layer]
+        capture_rows = rows[:, CAPTURE_ROW].long() if bits & CAPTURES else None
         plans.append(
             LayerPlan(
                 tokens,
                 bank.index_select(0, rows[:, STEER_SLOT]) if bits & STEERS else None,
                 bank.index_select(0, rows[:, NORM_SLOT]) if bits & NORM_STEERS else None,
-                rows[:, CAPTURE_ROW].long() if bits & CAPTURES else None,
+                capture_rows,
+                None if capture_rows is None else _evenly_spaced(capture_buffer, capture_rows),
             )
         )
     return plans
+
+
+def _evenly_spaced(capture_buffer: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+    """`capture_buffer[rows]` as a view, when the rows rise by one step (else None)."""
+    first = int(rows[0])
+    step = int(rows[1] - rows[0]) if len(rows) > 1 else 1
+    if step <= 0 or not torch.equal(rows, first + step * torch.arange(len(rows))):
+        return None
+    return capture_buffer[first : first + step * (len(rows) - 1) + 1 : step]
 
 
 def _apply_plan(
@@ -130,7 +148,10 @@ def _apply_plan(
         hidden.add_(delta)
     elif plan.plain is not None:
         hidden.add_(plan.plain)
-    if plan.capture_rows is not None:
+    if plan.capture_view is not None:
+        # The sum rounded once to the buffer's dtype, as `(hidden + residual).to(...)` does.
+        torch.add(hidden, residual, out=plan.capture_view)
+    elif plan.capture_rows is not None:
         capture_buffer.index_copy_(
             0, plan.capture_rows, (hidden + residual).to(capture_buffer.dtype)
         )

@@ -109,9 +109,11 @@ class _Layout:
 
 
 def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """Equal arrays (compared as bytes: cheaper than numpy's element-wise compare on the few
+    dozen numbers of a step, which runs every step)."""
     if a is None or b is None:
         return a is b
-    return a.shape == b.shape and bool((a == b).all())
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 class ActivationRuntime:
@@ -278,8 +280,8 @@ class ActivationRuntime:
             work, capture = self._write_rows(roster, starts, lengths, positions, kept)
             buffers = self.buffers
             plans = (
-                plan_layers(buffers.bank, buffers.indices, work, num_tokens)
-                if buffers.device.type == "cpu"
+                plan_layers(buffers.bank, buffers.indices, buffers.capture_buffer, work, num_tokens)
+                if buffers.on_host
                 else []
             )
             moved = np.flatnonzero(lengths)
@@ -315,12 +317,12 @@ class ActivationRuntime:
         located = self._located
         offsets = None
         if batch_order is not None:
-            offsets = query_start_loc[: len(batch_order) + 1]
+            offsets = query_start_loc[: len(batch_order) + 1].tobytes()
             if (
                 located is not None
                 and located[0] is roster
                 and located[1] == batch_order
-                and _same(located[2], offsets)
+                and located[2] == offsets
             ):
                 return located[3]
         rows = np.fromiter(
@@ -333,12 +335,15 @@ class ActivationRuntime:
         starts = query_start_loc[rows].astype(np.int64)
         lengths = np.maximum(np.where(present, query_start_loc[rows + 1] - starts, 0), 0)
         if batch_order is not None and offsets is not None:
-            self._located = (roster, batch_order, offsets.copy(), (rows, starts, lengths))
+            self._located = (roster, batch_order, offsets, (rows, starts, lengths))
         return rows, starts, lengths
 
     def _reserve(self, roster: _Roster, ends: np.ndarray) -> bool:
         """Grows capture files to hold this step's rows; False when one failed (disk full)."""
-        for j in np.flatnonzero(ends > roster.reserved).tolist():
+        beyond = ends > roster.reserved
+        if not beyond.any():  # most steps: the files reserve ahead
+            return True
+        for j in np.flatnonzero(beyond).tolist():
             state = roster.states[roster.captured[j]]
             assert state.writer is not None
             try:
@@ -401,7 +406,7 @@ class ActivationRuntime:
         self._gate.layer_plans = []
         if not completed:
             return
-        if stepped and self.buffers.device.type == "cpu" and calls < self.n_layers:
+        if stepped and self.buffers.on_host and calls < self.n_layers:
             # A graph without the op (a stale compile cache, a rewired model) would skip it:
             # never report success. (Under a CUDA graph the kernel's Python does not run.)
             for state, _ in advance:
