@@ -1,10 +1,11 @@
 """A deployment behind nginx behaves as one node, whichever node each request lands on: keys,
 budgets, limits, completion jobs, harvests (files fetched from SeaweedFS by presigned URLs) and
-Looms; the other model's requests are forwarded (streamed, with capture, charged once by the
-serving node); a node killed mid-harvest leaves the harvest to the other node of its model, which
-resumes it after its last complete shard; the single node of a model killed mid-stream cuts the
-stream, takes its model out of the list at once for requests and within its TTL for the list, and
-leaks no slot of the key.
+Looms; each model's status counts its live nodes; the other model's requests are forwarded
+(streamed, with capture, charged once by the serving node); a node killed mid-harvest leaves the
+harvest to the other node of its model, which resumes it after its last complete shard; the
+single node of a model killed mid-stream cuts the stream, takes its model out of the list at once
+for requests and within its TTL for the list (its status: not warm), and leaks no slot of the
+key.
 
 Three real nodes on one private PostgreSQL database and Redis prefix (tests/e2e/shared_nodes.py)
 with the SeaweedFS store: two of `tiny-llama`, one of `tiny-other`; nginx round-robin over all
@@ -183,6 +184,18 @@ def test_models_through_nginx_lists_both_models_on_every_node(deployment):
         assert _model_ids(deployment.url, key) == {MODEL_ID, OTHER_ID}
     after = _answered(deployment.nodes, route="/v1/models", status="200")
     _every_node_answered(before, after, "each node answered /v1/models")
+
+
+def test_model_status_counts_the_live_nodes_of_each_model_on_every_node(deployment):
+    key = deployment.nodes[0].create_key("nginx-model-status")
+    auth = {"Authorization": f"Bearer {key}"}
+    for base_url in [*(node.base_url for node in deployment.nodes), deployment.url]:
+        for model, count in ((MODEL_ID, 2), (OTHER_ID, 1)):
+            status = httpx.get(f"{base_url}/v1/models/{model}/status", headers=auth, timeout=60)
+            assert status.status_code == 200, (base_url, status.text)
+            assert status.json() == {"id": model, "warm": True, "nodes": count}, base_url
+        unknown = httpx.get(f"{base_url}/v1/models/tiny-none/status", headers=auth, timeout=60)
+        _envelope(unknown, 404, "model_not_found")
 
 
 def test_a_request_without_model_means_the_deployments_default_on_every_node(deployment):
@@ -632,6 +645,13 @@ def test_the_single_node_of_a_model_killed_mid_stream_takes_its_model_out(deploy
         "the dead node's model left the list",
         TTL_MS / 1000 + 10,
     )
+    # Its row outlives its lease (until the registry forgets it): the model's status says it
+    # is not warm; the other model counts its nodes still alive (one when the node killed
+    # mid-harvest is gone).
+    alive = sum(1 for node in deployment.nodes[:2] if group_members(node.process.pid))
+    for model, count in ((OTHER_ID, 0), (MODEL_ID, alive)):
+        status = httpx.get(f"{live.base_url}/v1/models/{model}/status", headers=auth, timeout=60)
+        assert status.json() == {"id": model, "warm": count > 0, "nodes": count}
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as refused:
             sdk.completions.create(model=OTHER_ID, prompt="x", max_tokens=1, stream=stream)

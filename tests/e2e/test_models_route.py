@@ -1,7 +1,9 @@
-"""GET /v1/models and /v1/models/{id}: the plugin's route, live on the real server."""
+"""GET /v1/models, /v1/models/{id} and /v1/models/{id}/status: the plugin's routes, live on
+the real server."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -63,3 +65,40 @@ def test_request_id_invalid_is_replaced(api):
     rid = response.headers["x-request-id"]
     assert rid != "bad id with spaces"
     assert 1 <= len(rid) <= 64
+
+
+def test_status_of_the_served_model_is_warm_on_its_one_node(api, model_id):
+    # The session node runs the embedded default (SQLite, no Redis): it counts itself.
+    response = api.get(f"/v1/models/{model_id}/status", headers={"X-Request-Id": "req-status-1"})
+    assert response.status_code == 200
+    assert response.headers["x-request-id"] == "req-status-1"
+    assert response.json() == {"id": model_id, "warm": True, "nodes": 1}
+    head = api.head(f"/v1/models/{model_id}/status")
+    assert (head.status_code, head.content) == (200, b"")
+
+
+def test_status_of_an_unknown_model_is_the_same_404_as_the_model(api):
+    response = api.get("/v1/models/llama-999b/status", headers={"X-Request-Id": "req-status-2"})
+    assert response.status_code == 404
+    assert response.json() == {
+        "error": {
+            "message": "The model 'llama-999b' does not exist.",
+            "type": "invalid_request_error",
+            "param": "model_id",
+            "code": "model_not_found",
+        },
+        "request_id": "req-status-2",
+    }
+    same = api.get("/v1/models/llama-999b", headers={"X-Request-Id": "req-status-2"})
+    assert (same.status_code, same.json()) == (404, response.json())
+
+
+def test_status_needs_a_key(acs_server, model_id):
+    url = f"{acs_server.base_url}/v1/models/{model_id}/status"
+    for headers, code in (
+        ({}, "missing_authorization"),
+        ({"Authorization": "Bearer acs-bm-not-a-real-key"}, "invalid_api_key"),
+    ):
+        response = httpx.get(url, headers=headers)
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == code

@@ -39,6 +39,7 @@ OPERATIONS = [
     ("/v1/chat/completions", "POST", POSITIVE, 10),
     ("/v1/models", "GET", POSITIVE, 3),
     ("/v1/models/{model_id}", "GET", POSITIVE, 10),
+    ("/v1/models/{model_id}/status", "GET", POSITIVE, 10),
     ("/health", "GET", POSITIVE, 3),
     ("/v1/completion-jobs", "POST", POSITIVE, 15),
     ("/v1/completion-jobs", "POST", NEGATIVE, 15),
@@ -78,6 +79,8 @@ OPERATIONS = [
 ]
 # Reads that reach a real Loom: at least one answer of theirs is a 200.
 LOOM_READS = {(LOOM, "GET"), (LOOM + "/export", "GET"), (NODE, "GET"), (NODE + "/text", "GET")}
+# Reads of a model: two cases in three name the served model (a 200), the third a generated id.
+MODEL_READS = {("/v1/models/{model_id}", "GET"), ("/v1/models/{model_id}/status", "GET")}
 
 
 @pytest.fixture(scope="session")
@@ -106,7 +109,7 @@ def real_loom(base_url: str, auth: dict[str, str]) -> dict[str, str]:
 
 @pytest.mark.parametrize(("path", "method", "mode", "examples"), OPERATIONS)
 def test_operation_conforms(
-    api_schema, acs_server, auth, path: str, method: str, mode, examples: int
+    api_schema, acs_server, auth, model_id, path: str, method: str, mode, examples: int
 ):
     # Bounded and reproducible: a fixed number of examples, derandomized, on loopback only.
     operation = api_schema[path][method]
@@ -130,6 +133,8 @@ def test_operation_conforms(
             if "node_id" in case.path_parameters:
                 ids["node_id"] = real["root"] if turn == 1 else real["child"]
             case.path_parameters = {**case.path_parameters, **ids}
+        if (path, method) in MODEL_READS and turn:
+            case.path_parameters = {**case.path_parameters, "model_id": model_id}
         # Negative examples must be refused: schemathesis knows which part it broke.
         checks = [*CHECKS, negative_data_rejection] if mode is NEGATIVE else CHECKS
         response = case.call_and_validate(checks=checks, headers=auth, timeout=120)
@@ -145,8 +150,8 @@ def test_operation_conforms(
         assert 202 in statuses  # some generated submits were accepted
     if (path, method, mode) == ("/v1/looms", "POST", POSITIVE):
         assert 201 in statuses
-    if (path, method) in LOOM_READS:
-        assert 200 in statuses  # the real Loom was read, not only 404s
+    if (path, method) in LOOM_READS | MODEL_READS:
+        assert 200 in statuses  # the real Loom or model was read, not only 404s
 
 
 def test_document_covers_the_public_surface(acs_server):
@@ -156,6 +161,7 @@ def test_document_covers_the_public_surface(acs_server):
         "/v1/chat/completions",
         "/v1/models",
         "/v1/models/{model_id}",
+        "/v1/models/{model_id}/status",
         "/v1/completion-jobs",
         "/v1/completion-jobs/{job_id}",
         "/v1/completion-jobs/{job_id}/result",

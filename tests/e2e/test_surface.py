@@ -33,6 +33,7 @@ PUBLIC = {
     "/v1/chat/completions": {"POST"},
     "/v1/models": {"GET", "HEAD"},
     "/v1/models/x": {"GET", "HEAD"},
+    "/v1/models/x/status": {"GET", "HEAD"},
     "/v1/completion-jobs": {"POST"},
     "/v1/completion-jobs/x": {"GET", "HEAD", "DELETE"},
     "/v1/completion-jobs/x/result": {"GET", "HEAD"},
@@ -75,6 +76,7 @@ STATIC_DOCS = ("/static/swagger-ui-bundle.js", "/static/swagger-ui.css")
 MADE_UP = (
     "/", "/made-up", "/v2/completions", "/invocations/", "/v1/completions/", "//v1/completions",
     "/v1", "/v1/", "/metrics/x", "/healthz", "/HEALTH", "/docs/x", "/v1/models/x/y", "/redoc",
+    "/v1/models/x/status/x",
     "/static/x.js",
     "/static/../invocations", "/v1/completions%2Frender",
 )  # fmt: skip

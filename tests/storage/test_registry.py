@@ -71,3 +71,44 @@ def test_an_ejected_node_is_left_out_until_it_beats_again(sqlite_url: str):
             await storage.close()
 
     asyncio.run(main())
+
+
+def test_serving_counts_the_live_nodes_of_a_model_on_the_registry_clock(database_url: str):
+    async def main() -> None:
+        storage = await open_storage(settings_for(database_url), upgrade_schema=True)
+        now = [T0]
+        ours = NodeRegistry(
+            storage.registry,
+            "self",
+            "http://127.0.0.1:9",
+            lambda: A,
+            heartbeat_s=0.0,  # read the table on every call
+            ttl_s=10,
+            clock=lambda: now[0],
+        )
+        try:
+            await ours.start()
+            await storage.registry.announce("a2", "http://127.0.0.1:2", A, T0)
+            await storage.registry.announce("b1", "http://127.0.0.1:3", B, T0)
+            assert await ours.serving("model-a") == 2
+            assert await ours.serving("model-b") == 1
+            assert await ours.serving("model-z") is None  # no node ever served it
+            # a2 beats on; b1's heartbeat lapses past the TTL.
+            await storage.registry.beat("a2", T0 + timedelta(seconds=10))
+            now[0] = T0 + timedelta(seconds=11)
+            assert await ours.serving("model-a") == 2
+            assert await ours.serving("model-b") == 0  # lapsed, still known: not warm
+            # a2 lapses too; this node counts itself while it serves (it is answering).
+            now[0] = T0 + timedelta(seconds=21)
+            assert await ours.serving("model-a") == 1
+            await storage.registry.beat("b1", now[0])  # b1 beats again: live again
+            assert await ours.serving("model-b") == 1
+            ours.eject("b1")  # its connection failed: out until it beats again
+            assert await ours.serving("model-b") == 0
+            await storage.registry.leave("b1")  # its row gone: the model is unknown
+            assert await ours.serving("model-b") is None
+        finally:
+            await ours.close()
+            await storage.close()
+
+    asyncio.run(main())

@@ -206,3 +206,21 @@ def test_the_completion_lists_the_request_window_answer(document: dict[str, Any]
     assert "Retry-After" not in late["headers"]
     assert late["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorEnvelope")
     assert "keepalive" in responses["200"]["description"]
+
+
+def test_the_model_status_operation(document: dict[str, Any]):
+    operation = document["paths"]["/v1/models/{model_id}/status"]["get"]
+    assert operation["operationId"] == "getModelStatus"
+    (model_id,) = operation["parameters"]
+    assert (model_id["name"], model_id["in"], model_id["required"]) == ("model_id", "path", True)
+    responses = operation["responses"]
+    assert set(responses) == {"200", "401", "404", "500", "503"}
+    assert responses["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/ModelStatus"
+    )
+    assert {"Retry-After", "retry-after-ms"} <= set(responses["503"]["headers"])
+    status = document["components"]["schemas"]["ModelStatus"]
+    assert set(status["required"]) == set(status["properties"]) == {"id", "warm", "nodes"}
+    assert status["properties"]["warm"]["type"] == "boolean"
+    nodes = status["properties"]["nodes"]
+    assert (nodes["type"], nodes["minimum"]) == ("integer", 0)

@@ -42,6 +42,7 @@ PUBLIC_V1_ROUTES: tuple[PublicRoute, ...] = (
     _route("/v1/chat/completions", "POST"),  # answered 400 chat_completions_unsupported
     _route("/v1/models", "GET"),
     _route("/v1/models/{model_id}", "GET"),
+    _route("/v1/models/{model_id}/status", "GET"),
     _route("/v1/completion-jobs", "POST"),
     _route("/v1/completion-jobs/{job_id}", "GET", "DELETE"),
     _route("/v1/completion-jobs/{job_id}/result", "GET"),

@@ -130,3 +130,16 @@ class NodeRegistry:
             default = node.model.id == self.default_model
             seen.setdefault(node.model.id, dataclasses.replace(node.model, default=default))
         return list(seen.values())
+
+    async def serving(self, model_id: str) -> int | None:
+        """How many live nodes serve `model_id`: this one always while it serves it (it is
+        answering, so its engine is up, whatever its last heartbeat), the others by heartbeat.
+        0 when only silent nodes still in the registry served it; None for a model no node did.
+        """
+        own = self.model()
+        count = int(own is not None and own.id == model_id)
+        others = [n for n in await self.live() if n.id != self.node_id]
+        count += sum(1 for node in others if node.model.id == model_id)
+        if count or model_id in await self.repository.model_ids():
+            return count
+        return None

@@ -15,7 +15,7 @@ from ..settings import Settings
 from .harvest.openapi import harvest_paths, harvest_schemas
 from .jobs.openapi import job_paths, job_schemas
 from .looms.openapi import loom_paths, loom_schemas
-from .models.protocol import ModelCard, ModelList
+from .models.openapi import model_paths, model_schemas
 from .openapi_parts import ERROR_ENVELOPE, HEADERS, REF, error_doc, json_doc
 
 COMPLETION = {
@@ -119,10 +119,7 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
     schemas = CompletionRequest.model_json_schema(ref_template=REF)
     components: dict[str, Any] = {"CompletionRequest": schemas}
     components.update(schemas.pop("$defs", {}))
-    for model in (ModelList, ModelCard):
-        schema = model.model_json_schema(ref_template=REF)
-        components.update(schema.pop("$defs", {}))
-        components[model.__name__] = schema
+    components.update(model_schemas())
     components["ErrorEnvelope"] = ERROR_ENVELOPE
     components.update(job_schemas())
     components.update(harvest_schemas())
@@ -149,35 +146,7 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
                     },
                 }
             },
-            "/v1/models": {
-                "get": {
-                    "operationId": "listModels",
-                    "responses": {
-                        "200": json_doc("The models", "ModelList"),
-                        "401": error_doc(401),
-                        "500": error_doc(500),
-                    },
-                }
-            },
-            "/v1/models/{model_id}": {
-                "get": {
-                    "operationId": "getModel",
-                    "parameters": [
-                        {
-                            "name": "model_id",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"type": "string"},
-                        }
-                    ],
-                    "responses": {
-                        "200": json_doc("One model", "ModelCard"),
-                        "401": error_doc(401),
-                        "404": error_doc(404),
-                        "500": error_doc(500),
-                    },
-                }
-            },
+            **model_paths(),
             **job_paths(),
             **harvest_paths(),
             **loom_paths(settings),

@@ -98,6 +98,13 @@ class RegistryRepository:
             for row in rows
         ]
 
+    async def model_ids(self) -> set[str]:
+        """The models of every row, live or silent: a silent node's row stays until it is
+        forgotten, so its model is still known to the deployment meanwhile."""
+        query = select(deployment_nodes.c.model_id).distinct()
+        async with self._engine.connect() as conn:
+            return set((await conn.execute(query)).scalars())
+
     async def forget_older_than(self, now: datetime, age_s: float) -> int:
         """Deletes the rows of nodes silent for `age_s` (long gone), so the table stays small."""
         since = utc(now) - timedelta(seconds=age_s)

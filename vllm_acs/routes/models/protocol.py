@@ -1,4 +1,5 @@
-"""The response shapes of /v1/models, as the spec documents them (also their OpenAPI schema).
+"""The response shapes of /v1/models and /v1/models/{id}/status, as the spec documents them
+(also their OpenAPI schema).
 
 API server process.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class ModelCapabilities(BaseModel):
@@ -37,3 +38,9 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class ModelStatus(BaseModel):
+    id: str
+    warm: bool = Field(description="A live node of the deployment serves the model")
+    nodes: int = Field(ge=0, description="How many live nodes serve the model")
