@@ -74,6 +74,8 @@ CASES: list[Case] = [
     _bad("top_k boolean", _p(top_k=True), "top_k"),
     Case("top_k disabled", _p(top_k=-1)),
     Case("top_k five", _p(top_k=5)),
+    _bad("top_k 2^64", _p(top_k=2**64), "top_k"),  # once a 500 from the engine
+    Case("top_k 2^63-1", _p(top_k=2**63 - 1)),
     # min_p and penalties
     _bad("min_p above one", _p(min_p=1.5), "min_p"),
     _bad("min_p negative", _p(min_p=-0.5), "min_p"),

@@ -19,7 +19,11 @@ from .activation_fields import (
     check_steering_vectors,
 )
 
-SEED_MAX = 2**63 - 1
+# The largest integer the engine takes in a sampling field: a signed 64-bit one (a top_k of 2^64
+# failed inside vLLM with a 500; any top_k past the vocabulary keeps every token).
+INT64_MAX = 2**63 - 1
+SEED_MAX = INT64_MAX
+TOP_K_MAX = INT64_MAX
 
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 PROMPT_SCHEMA = {
@@ -32,7 +36,12 @@ PROMPT_SCHEMA = {
         {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
     ],
 }
-TOP_K_SCHEMA = {"oneOf": [{"type": "integer", "enum": [-1]}, {"type": "integer", "minimum": 1}]}
+TOP_K_SCHEMA = {
+    "oneOf": [
+        {"type": "integer", "enum": [-1]},
+        {"type": "integer", "minimum": 1, "maximum": TOP_K_MAX},
+    ]
+}
 STOP_SCHEMA = {
     "oneOf": [
         {"type": "string"},
@@ -86,9 +95,9 @@ class CompletionRequest(BaseModel):
 
     @field_validator("top_k")
     @classmethod
-    def _top_k_is_minus_one_or_positive(cls, value: int | None) -> int | None:
-        if value is not None and value != -1 and value < 1:
-            raise ValueError("must be -1 (disabled) or at least 1")
+    def _top_k_is_minus_one_or_in_range(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and not 1 <= value <= TOP_K_MAX:
+            raise ValueError(f"must be -1 (disabled) or from 1 to {TOP_K_MAX}")
         return value
 
     @field_validator("stop")
