@@ -51,6 +51,8 @@ setup(
             # Browser tests drive Debian's Chromium (scripts/ensure-chromium.sh); no browser
             # download (`playwright install` is never run).
             "playwright>=1.50,<2",
+            # benchmarks/hook_profile.py samples the model worker with it.
+            "py-spy>=0.4,<0.5",
         ],
     },
     entry_points={

@@ -63,7 +63,7 @@ def _run_driver(
 
 
 def _results(model_dir: Path, out_dir: Path, config: str, mode: str) -> dict[str, Any]:
-    code, log = _run_driver(model_dir, out_dir, config, mode, timeout=240)
+    code, log = _run_driver(model_dir, out_dir, config, mode, timeout=480)  # CI: up to 96 s
     assert code == 0, f"driver {config} ({mode}) failed ({code}):\n{log[-4000:]}"
     with open(out_dir / f"{config}-{mode}.pkl", "rb") as handle:
         return pickle.load(handle)
