@@ -1,16 +1,38 @@
 """Session fixtures: the tiny model, generated once, one real vLLM server for e2e tests, and a
-real S3-compatible server (SeaweedFS) for the object-store tests, started on first use."""
+real S3-compatible server (SeaweedFS) for the object-store tests, started on first use; a failed
+test's report carries the log tails of the servers it started itself."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests import harness
 from tests.harness import CHECKPOINT, MODEL_ID, ServerProcess, running_server
 from tests.seaweedfs import SeaweedFS, running_seaweedfs
+
+_STARTED_BY_TEST = pytest.StashKey[list[ServerProcess]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    first = len(harness.STARTED)
+    yield
+    item.stash[_STARTED_BY_TEST] = harness.STARTED[first:]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo
+) -> Generator[None, None, None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        for server in item.stash.get(_STARTED_BY_TEST, []):
+            report.sections.append((f"log of {server.log_path}", server.log_tail(80)))
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,16 @@ import httpx
 
 MODEL_ID = "tiny-llama"
 CHECKPOINT = "vllm-acs/tiny-llama"
-STARTUP_TIMEOUT_S = 240.0
+# A node starts in ~35 s here (eager; compiled ~50 s), two at once in ~120 s, and CI's slowest host
+# was over twice as slow. A node that dies is seen at once (the process has exited), so a long
+# deadline costs nothing when a start goes well.
+STARTUP_TIMEOUT_S = 480.0
+
+
+# Every server started in this test process, in order: a failed test's report carries the log
+# tails of those it started (tests/conftest.py), since a node that dropped a connection or died
+# says why only there.
+STARTED: list[ServerProcess] = []
 
 
 def free_port() -> int:
@@ -132,6 +141,7 @@ class ServerProcess:
             command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         atexit.register(self.stop)
+        STARTED.append(self)
         self._wait_healthy()
         return self
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import secrets
 import time
 from collections import Counter
@@ -47,6 +48,7 @@ from tests.harness import (
     wait_until,
 )
 from tests.nginx import Nginx, running_nginx
+from tests.slot_holder import holding_stream, wait_for_the_slot
 from vllm_acs.client import decode_residual_stream, download_harvest
 
 pytestmark = pytest.mark.e2e
@@ -357,17 +359,10 @@ def test_a_running_limit_holds_across_the_nodes(deployment):
     nodes, url = deployment.nodes, deployment.url
     key = nodes[0].create_key("nginx-limits", "--max-running", "1", "--max-waiting", "0")
     sdk = _sdk(url, key)
-    # Four choices of 2,000 tokens: long enough to outlast the three refusals on an idle
-    # machine (one choice of 1,500 tokens once ended before the last of them arrived).
-    long = {"model": MODEL_ID, "prompt": "Once", "max_tokens": 2000, "n": 4, "stream": True}
     auth = {"Authorization": f"Bearer {key}"}
-    with (
-        httpx.Client(base_url=url, headers=auth, timeout=120) as client,
-        client.stream("POST", "/v1/completions", json=long) as stream,
-    ):
-        # Keep the iterator: the stream holds the key's only slot until it ends or is closed.
-        lines = stream.iter_lines()
-        assert next(line for line in lines if line.startswith("data: "))
+    # The only slot, however fast the engine (tests/slot_holder.py; counting on the engine's speed
+    # failed on a faster machine: 8,000 plain tokens were over before the refusals).
+    with holding_stream(url, auth, {"model": MODEL_ID, "prompt": "Once"}):
         before = _answered(nodes, status="429")
         for _ in nodes:
             with pytest.raises(openai.RateLimitError) as refused:
@@ -376,18 +371,7 @@ def test_a_running_limit_holds_across_the_nodes(deployment):
             assert int(refused.value.response.headers["retry-after"]) >= 1
         _every_node_answered(before, _answered(nodes, status="429"), "each node refused")
     # The client left mid-stream: its slot is given back, whichever node held it.
-    wait_until(
-        lambda: (
-            httpx.post(
-                f"{url}/v1/completions",
-                json={"model": MODEL_ID, "prompt": "x", "max_tokens": 1},
-                headers={"Authorization": f"Bearer {key}"},
-                timeout=60,
-            ).status_code
-            == 200
-        ),
-        "the slot back after the stream closed",
-    )
+    wait_for_the_slot(url, auth, MODEL_ID)
 
 
 def test_completion_jobs_run_once_and_replay_whichever_node(deployment):
@@ -586,8 +570,13 @@ def test_a_node_killed_mid_harvest_leaves_it_to_the_other_node_of_its_model(depl
     assert job["status"] == "done", (job, survivor.log_tail())
     assert job["result"]["n_shards"] == KILL_SHARDS
     log = survivor.log_path.read_text()
-    assert f"harvest {job_id} resumes after shard {done_at_kill - 1}" in log, survivor.log_tail()
-    assert f"harvest {job_id} wrote shard_{done_at_kill:05d}.safetensors" in log
+    # After the shards listed at the kill, or later: a shard whose upload was on its way when the
+    # node died may land in the store after the kill (seen once: listed 2, resumed after 3).
+    resumed = re.search(rf"harvest {job_id} resumes after shard (\d+)", log)
+    assert resumed, survivor.log_tail()
+    last_done = int(resumed.group(1))
+    assert done_at_kill - 1 <= last_done < KILL_SHARDS - 1, resumed.group(0)
+    assert f"harvest {job_id} wrote shard_{last_done + 1:05d}.safetensors" in log
     assert f"harvest {job_id} wrote shard_{0:05d}.safetensors" not in log
     # Shard 0 is the killed node's, not rewritten.
     assert _bucket(deployment, "modified_at", f"{prefix}/shard_00000.safetensors") == first_written

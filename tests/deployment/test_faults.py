@@ -13,25 +13,22 @@ import contextlib
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.harness import ServerProcess, started
+from tests.harness import ServerProcess, started, wait_until
 from tests.redis_server import RedisServer
 from tests.services import private_pg_database
+from tests.slot_holder import holding_stream, wait_for_the_slot
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.e2e
 
 # Renewed every 1.7 s: a lost lease is found soon; a stall of a busy machine loses none.
 LEASE_MS = 5000
-# 4 choices of 2,000 tokens: one request that outlives the Redis restart however fast the
-# machine (a single choice ends in about 10 s here, unloaded).
-LONG = {"prompt": "Once", "max_tokens": 2000, "n": 4, "temperature": 1.0, "stream": True}
 
 
 class Node:
@@ -121,43 +118,24 @@ def test_an_unreachable_database_answers_503_then_recovers(db_node: Node):
         time.sleep(0.5)
 
 
-def _stream(base: str, auth: dict, into: list, running: threading.Event, body: dict = LONG) -> None:
-    """A long streamed completion; sets `running` at its first chunk (the engine is on it) and
-    appends (status, saw [DONE], saw an error frame)."""
-    url = f"{base}/v1/completions"
-    try:
-        with httpx.stream("POST", url, json=body, headers=auth, timeout=300) as response:
-            lines = []
-            for line in response.iter_lines() if response.status_code == 200 else ():
-                lines.append(line)
-                if line.startswith("data: "):
-                    running.set()
-        errors = any('"error"' in line for line in lines)
-        into.append((response.status_code, "data: [DONE]" in lines, errors))
-    except httpx.HTTPError as error:  # a cut connection
-        into.append((0, False, repr(error)))
-
-
 def test_redis_restarted_answers_503_meanwhile_then_admission_is_exact(redis_node: Node):
     node = redis_node
     limits = ("--max-running", "1", "--max-waiting", "0")
     record = node.server.create_key_record("faults-redis", *limits)
     auth = {"Authorization": f"Bearer {record['key']}"}
     base = node.server.base_url
-    first: list = []
-    first_running = threading.Event()
-    streaming = threading.Thread(target=_stream, args=(base, auth, first, first_running))
-    streaming.start()
-    assert first_running.wait(60), first
-    # Redis restarted empty while the request runs: every slot and Hold is gone.
-    node.redis.stop()
-    node.redis.start()  # the same port
-    # The request that ran across the restart lost its lease: it is stopped, its stream ends
-    # with an error frame, and it holds no slot any more.
-    streaming.join(timeout=120)
-    assert first and first[0][1] is False, first
+    # The streams run until the test reads them to the end or leaves (tests/slot_holder.py), so
+    # the lease is lost while the request is surely in flight, however fast the engine.
+    with holding_stream(base, auth, {"prompt": "Once"}) as first:
+        # Redis restarted empty while the request runs: every slot and Hold is gone.
+        node.redis.stop()
+        node.redis.start()  # the same port
+        wait_until(lambda: node.server.metric("acs_leases_lost_total") >= 1, "the lost lease found")
+        # The request that ran across the restart lost its lease: it is stopped, and its stream
+        # ends with an error frame.
+        rest = first.rest()
+    assert "data: [DONE]" not in rest and any('"error"' in line for line in rest), rest[-3:]
     node.server.wait_for_metric("acs_running_requests", 0)
-    assert node.server.metric("acs_leases_lost_total") >= 1
     # While Redis is down: 503 circuit_open with Retry-After, in bounded time.
     node.redis.stop()
     try:
@@ -170,16 +148,10 @@ def test_redis_restarted_answers_503_meanwhile_then_admission_is_exact(redis_nod
         assert "retry-after" in refused.headers and took < 30  # bounded: no hang
     finally:
         node.redis.start()
-    # Admission is exact again: one running slot, no queue place. (The second stream is as long
-    # as the first: a short one may end before the next request is admitted, and that request
-    # would then rightly be admitted.)
-    second: list = []
-    second_running = threading.Event()
-    again = threading.Thread(target=_stream, args=(base, auth, second, second_running))
-    again.start()
-    assert second_running.wait(60), second
-    over = httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 1},
-                      headers=auth, timeout=60)  # fmt: skip
-    assert (over.status_code, over.json()["error"]["code"]) == (429, "queue_full")
-    again.join(timeout=300)
-    assert second and second[0][:2] == (200, True), second
+    # Admission is exact again: one running slot, no queue place.
+    with holding_stream(base, auth, {"prompt": "Once"}):
+        over = httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                          headers=auth, timeout=60)  # fmt: skip
+        assert (over.status_code, over.json()["error"]["code"]) == (429, "queue_full")
+    # The client left: its slot is given back.
+    wait_for_the_slot(base, auth)

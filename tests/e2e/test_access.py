@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.access_load import BODY, assert_budget_is_exact, assert_running_slots_are_exact
+from tests.slot_holder import holding_stream, wait_for_the_slot
 
 pytestmark = pytest.mark.e2e
 
@@ -109,32 +110,18 @@ def test_budget_clamps_max_tokens_and_says_so(acs_server):
 def test_queue_full_when_running_and_waiting_are_taken(acs_server):
     key = acs_server.create_key("queue-lab", "--max-running", "1", "--max-waiting", "0")
     headers = {"Authorization": f"Bearer {key}"}
-    # Made before the stream starts: on a loaded machine building a client (its TLS context) can
-    # take longer than the whole stream lasts.
+    # Made before the stream starts: on a loaded machine building a client (its TLS context)
+    # takes seconds.
     with (
         httpx.Client(base_url=acs_server.base_url, headers=headers, timeout=120) as second,
-        httpx.stream(
-            "POST",
-            f"{acs_server.base_url}/v1/completions",
-            json={**BODY, "max_tokens": 1500, "stream": True},
-            headers=headers,
-            timeout=120,
-        ) as running,
+        holding_stream(acs_server.base_url, headers, BODY),  # the only slot, until the block ends
     ):
-        assert running.status_code == 200
-        # Keep the iterator: a discarded `iter_lines()` generator is closed at once, which closes
-        # the response's connection, and the server rightly gives the slot back.
-        lines = running.iter_lines()
-        next(lines)  # the first chunk: it holds the only slot now
         response = second.post("/v1/completions", json=BODY)
         _error(response, 429, "queue_full")
         assert int(response.headers["retry-after"]) >= 1
         assert int(response.headers["retry-after-ms"]) >= 1
     # The client left mid-stream: its slot is given back.
-    deadline = time.monotonic() + 30
-    while (response := _post(acs_server, key)).status_code == 429 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert response.status_code == 200
+    wait_for_the_slot(acs_server.base_url, headers, BODY["model"])
 
 
 def test_rate_limited_after_the_starts_per_minute(acs_server):

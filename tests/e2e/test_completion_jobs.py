@@ -303,7 +303,11 @@ def test_cancel_a_queued_job(acs_server):
 
 def test_cancel_a_running_job_aborts_its_engine_request(acs_server):
     key = acs_server.create_key("jobs-running")
-    job = submit(acs_server, key, {**BODY, "max_tokens": 2000, "temperature": 0}).json()
+    # Far longer than the half second below on any host: 8,000 tokens with 20 logprobs each (16 x
+    # 500 such tokens took 7 s here; one plain choice of 2,000, the old job, ~10 s, which a host
+    # 3x faster would nearly finish before the cancel).
+    long = {**BODY, "max_tokens": 2000, "n": 4, "logprobs": 20, "temperature": 1.0}
+    job = submit(acs_server, key, long).json()
     until(
         lambda: read(acs_server, key, job["id"]).json()["status"] == "running",
         "the job runs",
@@ -315,7 +319,7 @@ def test_cancel_a_running_job_aborts_its_engine_request(acs_server):
     rows = until(lambda: usage_rows(acs_server, job["id"]), "the cancelled job's usage row")
     assert len(rows) == 1
     status, _prompt, completion = rows[0]
-    assert status in (200, 499) and completion < 2000, rows
+    assert status in (200, 499) and completion < 4 * 2000, rows
     assert read(acs_server, key, job["id"]).json()["status"] == "cancelled"
 
 

@@ -9,42 +9,23 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.e2e.crashed_node import RESTARTED_LEASE_MS, crash_node, read_sqlite
 from tests.harness import ServerProcess, group_members, started
 
 pytestmark = pytest.mark.e2e
 
-# Short, so that the restarted node's reaper finds the dead node's lease expired at once (a node
-# takes longer than this to start) and the test never waits out a 30 s default.
-JOB_LEASE_MS = 3000
 # A key whose requests wait in its queue and never run (no running slot, a queue place): the
 # claimed job's run waits for as long as the node lives, so the kill lands mid-job however fast
 # the machine generates. `keys set --max-running 1` lets the restarted node run it.
 HELD_AT_ADMISSION = ("--max-running", "0", "--max-waiting", "4")
 BODY = {"model": "tiny-llama", "prompt": "The sky is", "max_tokens": 64, "temperature": 0}
 ENDED = {"succeeded", "failed", "cancelled", "expired"}
-
-
-def _node(model_dir: Path, home: Path, name: str) -> ServerProcess:
-    env = {"VLLM_ACS_HOME": str(home), "VLLM_ACS_JOB_LEASE_MS": str(JOB_LEASE_MS)}
-    return ServerProcess(model_dir=model_dir, log_path=home / f"{name}.log", env=env)
-
-
-def _sqlite(home: Path, query: str, *args: Any) -> list[sqlite3.Row]:
-    # A fresh connection per read: the server writes the file from another process.
-    conn = sqlite3.connect(home / "vllm-acs.sqlite3", timeout=10)
-    conn.row_factory = sqlite3.Row
-    try:
-        return conn.execute(query, args).fetchall()
-    finally:
-        conn.close()
 
 
 def _job(client: httpx.Client, job_id: str) -> dict[str, Any]:
@@ -73,7 +54,7 @@ def test_a_killed_node_leaves_its_job_to_the_restart_which_runs_it_once(
     tiny_model_dir, tmp_path_factory
 ):
     home = tmp_path_factory.mktemp("jobs-crash-home")
-    first = _node(tiny_model_dir, home, "node-first")
+    first = crash_node(tiny_model_dir, home, "node-first")
     with started(first):
         record = first.create_key_record("jobs-crash", *HELD_AT_ADMISSION)
         auth = {"Authorization": f"Bearer {record['key']}"}
@@ -98,13 +79,13 @@ def test_a_killed_node_leaves_its_job_to_the_restart_which_runs_it_once(
 
     # The kill came mid-job: the table still has the dead node's claim and nothing was charged.
     # Were it already over, the rest of the test would prove nothing about a crash.
-    (row,) = _sqlite(home, "SELECT status, attempt FROM jobs WHERE id = ?", job_id)
+    (row,) = read_sqlite(home, "SELECT status, attempt FROM jobs WHERE id = ?", job_id)
     assert (row["status"], row["attempt"]) == ("running", 0)
-    assert _sqlite(home, "SELECT id FROM usage_rows WHERE request_id = ?", job_id) == []
+    assert read_sqlite(home, "SELECT id FROM usage_rows WHERE request_id = ?", job_id) == []
 
     # While no node runs: the key may run from now on.
     first.cli("keys", "set", record["prefix"], "--max-running", "1")
-    second = _node(tiny_model_dir, home, "node-second")
+    second = crash_node(tiny_model_dir, home, "node-second", lease_ms=RESTARTED_LEASE_MS)
     assert second.port != first.port
     with started(second):
         with httpx.Client(base_url=second.base_url, headers=auth, timeout=60) as client:
@@ -123,7 +104,7 @@ def test_a_killed_node_leaves_its_job_to_the_restart_which_runs_it_once(
         # The usage row is written by the ledger's queue, possibly just after the job ended.
         deadline = time.monotonic() + 30
         while True:
-            rows = _sqlite(
+            rows = read_sqlite(
                 home,
                 "SELECT status, prompt_tokens, completion_tokens, key_id FROM usage_rows "
                 "WHERE request_id = ?",
@@ -147,5 +128,5 @@ def test_a_killed_node_leaves_its_job_to_the_restart_which_runs_it_once(
         # One hand-back (the reaper's), seen as the operator sees it and in the table itself.
         shown = second.cli("jobs", "show", job_id)
         assert (shown["status"], shown["attempt"]) == ("succeeded", 1)
-        (row,) = _sqlite(home, "SELECT attempt FROM jobs WHERE id = ?", job_id)
+        (row,) = read_sqlite(home, "SELECT attempt FROM jobs WHERE id = ?", job_id)
         assert row["attempt"] == 1

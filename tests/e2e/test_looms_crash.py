@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.test_jobs_crash import _node, _sqlite
+from tests.e2e.crashed_node import RESTARTED_LEASE_MS, crash_node, read_sqlite
 from tests.harness import group_members, started
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +26,7 @@ def test_a_branch_killed_mid_stream_is_finished_once_by_the_restart(
     tiny_model_dir, tmp_path_factory
 ):
     home = tmp_path_factory.mktemp("looms-crash-home")
-    first = _node(tiny_model_dir, home, "node-first")
+    first = crash_node(tiny_model_dir, home, "node-first")
     body = {"n": 2, "max_tokens": 2000, "seed": 7, "stream": True}
     with started(first):
         record = first.create_key_record("looms-crash")
@@ -52,13 +52,13 @@ def test_a_branch_killed_mid_stream_is_finished_once_by_the_restart(
     ids = [child["id"] for child in children]
     job_id = children[0]["generation"]["branch_id"]
     # Killed mid-branch: claimed, its children generating, nothing charged yet.
-    (job,) = _sqlite(home, "SELECT status, attempt FROM jobs WHERE id = ?", job_id)
+    (job,) = read_sqlite(home, "SELECT status, attempt FROM jobs WHERE id = ?", job_id)
     assert (job["status"], job["attempt"]) == ("running", 0)
-    rows = _sqlite(home, "SELECT status FROM loom_nodes WHERE job_id = ?", job_id)
+    rows = read_sqlite(home, "SELECT status FROM loom_nodes WHERE job_id = ?", job_id)
     assert [r["status"] for r in rows] == ["generating", "generating"]
-    assert _sqlite(home, "SELECT id FROM usage_rows WHERE request_id = ?", job_id) == []
+    assert read_sqlite(home, "SELECT id FROM usage_rows WHERE request_id = ?", job_id) == []
 
-    second = _node(tiny_model_dir, home, "node-second")
+    second = crash_node(tiny_model_dir, home, "node-second", lease_ms=RESTARTED_LEASE_MS)
     with started(second):
         with httpx.Client(base_url=second.base_url, headers=auth, timeout=60) as client:
             deadline = time.monotonic() + 300
@@ -81,11 +81,11 @@ def test_a_branch_killed_mid_stream_is_finished_once_by_the_restart(
             assert again.headers["idempotent-replayed"] == "true"
             assert [n["id"] for n in again.json()["nodes"]] == nodes[root]["children"]
 
-        (job,) = _sqlite(home, "SELECT status, attempt FROM jobs WHERE id = ?", job_id)
+        (job,) = read_sqlite(home, "SELECT status, attempt FROM jobs WHERE id = ?", job_id)
         assert (job["status"], job["attempt"]) == ("succeeded", 1)
         deadline = time.monotonic() + 30
         while not (
-            rows := _sqlite(home, "SELECT status FROM usage_rows WHERE request_id = ?", job_id)
+            rows := read_sqlite(home, "SELECT status FROM usage_rows WHERE request_id = ?", job_id)
         ):
             assert time.monotonic() < deadline
             time.sleep(0.2)

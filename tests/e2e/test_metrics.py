@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.access_load import BODY
+from tests.slot_holder import holding_stream
 from vllm_acs.client import encode_vector
 
 pytestmark = pytest.mark.e2e
@@ -72,12 +73,7 @@ def test_the_plugin_series_count_what_was_sent(acs_server):
         answers += [client.post("/v1/completions", json=BODY) for _ in range(2)]
         # One stream holds the key's only slot; a second request queues behind it.
         queued: list[httpx.Response] = []
-        with httpx.stream(
-            "POST", f"{base}/v1/completions", json={**BODY, "max_tokens": 2000, "stream": True},
-            headers=auth, timeout=120,
-        ) as running:  # fmt: skip
-            lines = running.iter_lines()
-            next(lines)
+        with holding_stream(base, auth, BODY):
             waiter = threading.Thread(
                 target=lambda: queued.append(client.post("/v1/completions", json=BODY))
             )
