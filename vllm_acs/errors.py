@@ -480,3 +480,18 @@ class HarvestUnavailable(AcsError):
     type = "server_error"
     code = "harvest_unavailable"
     retry_after_s = 2
+
+
+class KeyNotFound(NotFound):
+    """A key id that is not of the caller's account (another account's key is a 404 too)."""
+
+    code = "key_not_found"
+
+
+class KeyNotChangeable(AcsError):
+    """A change of a revoked key: revoking is for good."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "key_not_changeable"
+    never_retry = True

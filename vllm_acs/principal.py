@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PRINCIPAL_STATE_KEY = "acs_principal"
-SCOPES: frozenset[str] = frozenset({"completions", "jobs", "harvest", "looms"})
+# What a key may do. `keys` (manage the account's keys) is never a default: the operator grants
+# it (`vllm-acs keys create|set --scopes ...`), and a key grants at most the scopes it holds.
+DEFAULT_SCOPES: frozenset[str] = frozenset({"completions", "jobs", "harvest", "looms"})
+SCOPES: frozenset[str] = DEFAULT_SCOPES | {"keys"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Principal:
     key_id: str
     key_prefix: str
     account_id: str
-    scopes: frozenset[str] = SCOPES
+    scopes: frozenset[str] = DEFAULT_SCOPES
     limits: KeyLimits = field(default_factory=KeyLimits)
     # An operator pause of the account: requests get 429 spend_cap until it is lifted.
     spend_capped: bool = False

@@ -91,6 +91,10 @@ class Settings:
     expose_vllm_routes: tuple[str, ...] = ()
     # vLLM's Prometheus `/metrics`, with the plugin's own series beside vLLM's.
     expose_metrics: bool = True
+    # The browser Workbench at /workbench (false: it is a 404 like any path off the surface), and
+    # the Feedback link of its top navigation: a mailto: address or an http(s) URL (unset: none).
+    workbench: bool = True
+    feedback_url: str | None = None
     # Completion jobs: unfinished jobs per key (`429 job_capacity`), jobs this process runs at
     # once, how long a claimed job outlives a dead process, runs before a job fails, and
     # `?wait=` reads one node holds at once before it answers `X-Acs-Longpoll: declined`.
@@ -143,6 +147,13 @@ class Settings:
             raise SettingsError(
                 f"{ENV_PREFIX}KEEPALIVE_EVERY_S must be above 0 while keepalive_after_s is set "
                 "(keepalive_after_s 0 turns the keepalive off)"
+            )
+        if self.feedback_url is not None and not self.feedback_url.startswith(
+            ("mailto:", "https://", "http://")
+        ):
+            raise SettingsError(
+                f"{ENV_PREFIX}FEEDBACK_URL must be a mailto: address or an http(s) URL, "
+                f"got {self.feedback_url!r}"
             )
 
     @property

@@ -12,8 +12,11 @@ import httpx
 import pytest
 
 from tests.e2e.access_load import BODY, assert_budget_is_exact, assert_running_slots_are_exact
+from tests.e2e.account_client import budgets, client_for, settled_usage, usage_matching_ledger
+from tests.e2e.jobs_client import submit_job, wait_harvest_ended, wait_jobs_ended
 from tests.e2e.shared_nodes import shared_nodes
 from tests.harness import ServerProcess, group_members
+from tests.slot_holder import held_tokens, holding_stream
 
 pytestmark = pytest.mark.e2e
 
@@ -41,6 +44,57 @@ def test_budget_is_exact_across_two_processes(nodes):
 
 def test_running_slots_are_exact_across_two_processes(nodes):
     assert_running_slots_are_exact(nodes, "shared-slots")
+
+
+def test_usage_and_keys_agree_across_two_processes(nodes):
+    """GET /v1/usage answers the same on both nodes after completions, a job, a Loom branch and
+    a harvest, with the other node's Hold in flight and, once settled, exactly the ledger; a key
+    made on one node and paused on the other is refused on the first at its next request.
+    (Before the kill test: it needs both nodes.)"""
+    first, second = nodes
+    record = first.create_key_record(
+        "shared-usage",
+        "--monthly-tokens",
+        "100000",
+        "--scopes",
+        "completions,jobs,harvest,looms,keys",
+    )
+    clients = [client_for(node, record["key"]) for node in nodes]
+    for client in clients:
+        assert client.post("/v1/completions", json=BODY).status_code == 200
+    job = submit_job(clients[1], second.base_url, BODY, "shared-usage-job")
+    loom = clients[0].post("/v1/looms", json={"prompt": "Once upon a time"}).json()
+    branch = clients[1].post(
+        f"/v1/looms/{loom['id']}/nodes/{loom['nodes'][0]['id']}/branch",
+        json={"n": 2, "max_tokens": 3, "seed": 1},
+    )
+    assert branch.status_code == 201, branch.text
+    harvest = clients[1].post(
+        "/v1/harvest", json={"model": BODY["model"], "prompts": ["a b c"], "layers": [0]}
+    )
+    assert harvest.status_code == 202, harvest.text
+    wait_jobs_ended(clients[0], _urls(nodes), [job], 120, nodes)
+    ended = wait_harvest_ended(clients[1], harvest.json()["job_id"], nodes)
+    assert ended["status"] == "done", ended
+
+    with holding_stream(second.base_url, {"Authorization": f"Bearer {record['key']}"}, BODY):
+        usage = clients[0].get("/v1/usage").json()  # the Hold lives on the other node
+        assert budgets(usage)["key_monthly"]["held"] == held_tokens(4)
+        assert usage["traffic"]["running"] == 1
+    usage, ledger = usage_matching_ledger(first, clients[0], record["prefix"])
+    spent = ledger["prompt_tokens"] + ledger["completion_tokens"]
+    assert budgets(usage)["key_monthly"]["spent"] == spent > 3 * (4 + 2)
+    other = settled_usage(clients[1])
+    assert (budgets(other), other["days"]) == (budgets(usage), usage["days"])
+
+    made = clients[0].post("/v1/keys", json={"name": "shared", "scopes": ["completions"]})
+    assert made.status_code == 201, made.text
+    made_client = client_for(first, made.json()["key"])
+    assert made_client.post("/v1/completions", json=BODY).status_code == 200
+    paused = clients[1].patch(f"/v1/keys/{made.json()['id']}", json={"state": "paused"})
+    assert paused.status_code == 200
+    refused = made_client.post("/v1/completions", json=BODY)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (401, "key_disabled")
 
 
 def test_a_killed_process_leaks_no_slot_and_no_hold(nodes):

@@ -1,7 +1,8 @@
 """Operator settings reach the contract: a node started with its own numbers enforces them.
 
-A second server (module scope) with VLLM_ACS_DEADLINE_MAX_TOKENS=8, a 2 KiB body limit and, via
---additional-config, max_logprobs 5; everything else as the default node.
+A second server (module scope) with VLLM_ACS_DEADLINE_MAX_TOKENS=8, a 2 KiB body limit, the
+Workbench closed (VLLM_ACS_WORKBENCH=false) and, via --additional-config, max_logprobs 5;
+everything else as the default node.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ def tuned_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
     with running_server(
         tiny_model_dir,
         tmp_path_factory.mktemp("tuned-home"),
-        env={"VLLM_ACS_DEADLINE_MAX_TOKENS": "8", "VLLM_ACS_BODY_LIMIT_BYTES": "2048"},
+        env={
+            "VLLM_ACS_DEADLINE_MAX_TOKENS": "8",
+            "VLLM_ACS_BODY_LIMIT_BYTES": "2048",
+            "VLLM_ACS_WORKBENCH": "false",
+        },
         extra_args=["--additional-config", json.dumps({"acs": {"max_logprobs": 5}})],
     ) as server:
         yield server
@@ -82,3 +87,11 @@ def test_body_limit_setting(tuned_server, tuned_auth):
     response = _post(tuned_server, {"prompt": "x" * 2100, "max_tokens": 1}, tuned_auth)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_closed_workbench_is_a_404_like_any_path_off_the_surface(tuned_server):
+    for path in ("/workbench", "/workbench/app.js", "/workbench/style.css"):
+        closed = httpx.get(f"{tuned_server.base_url}{path}", timeout=30)
+        assert closed.status_code == 404, path
+        assert closed.json()["error"]["code"] == "not_found"
+        assert "Content-Security-Policy" not in closed.headers

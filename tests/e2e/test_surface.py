@@ -49,6 +49,9 @@ PUBLIC = {
         f"/v1/looms/x/nodes/x/{action}": {"POST"}
         for action in ("branch", "split", "children", "siblings", "replay", "score")
     },
+    "/v1/keys": {"POST", "GET", "HEAD"},
+    "/v1/keys/x": {"PATCH", "DELETE"},
+    "/v1/usage": {"GET", "HEAD"},
     "/downloads/x/x": {"GET", "HEAD"},
     "/health": {"GET", "HEAD"},
     "/openapi.json": {"GET", "HEAD"},
@@ -56,6 +59,8 @@ PUBLIC = {
     "/docs/oauth2-redirect": {"GET", "HEAD"},
     "/static/swagger-ui-bundle.js": {"GET", "HEAD"},
     "/static/swagger-ui.css": {"GET", "HEAD"},
+    "/workbench": {"GET", "HEAD"},
+    "/workbench/x": {"GET", "HEAD"},
 }
 # Routes vLLM 0.32 and 0.33 register depending on flags, tasks and environment.
 VLLM_PATHS = (
@@ -76,7 +81,7 @@ STATIC_DOCS = ("/static/swagger-ui-bundle.js", "/static/swagger-ui.css")
 MADE_UP = (
     "/", "/made-up", "/v2/completions", "/invocations/", "/v1/completions/", "//v1/completions",
     "/v1", "/v1/", "/metrics/x", "/healthz", "/HEALTH", "/docs/x", "/v1/models/x/y", "/redoc",
-    "/v1/models/x/status/x",
+    "/v1/models/x/status/x", "/workbench/", "/workbench/x/y", "/workbench/../invocations",
     "/static/x.js",
     "/static/../invocations", "/v1/completions%2Frender",
 )  # fmt: skip
@@ -165,7 +170,14 @@ def test_public_routes_answer_other_methods_with_405(acs_server, api_key):
 
 
 def test_the_public_surface_outside_v1_needs_no_key(acs_server):
-    for path in ("/health", "/openapi.json", "/docs", *STATIC_DOCS):
+    for path in (
+        "/health",
+        "/openapi.json",
+        "/docs",
+        *STATIC_DOCS,
+        "/workbench",
+        "/workbench/app.js",
+    ):
         response = httpx.get(f"{acs_server.base_url}{path}")
         assert response.status_code == 200, path
         assert response.headers["x-request-id"]

@@ -14,7 +14,7 @@ import pytest
 
 from tests.services import REDIS_URL
 from tests.storage.helpers import principal
-from vllm_acs.storage.counters import AdmitRequest, Counters
+from vllm_acs.storage.counters import AdmitRequest, Counters, TrafficInUse
 from vllm_acs.storage.counters_embedded import EmbeddedCounters
 from vllm_acs.storage.counters_redis import RedisCounters
 from vllm_acs.storage.errors import BudgetExhausted, QueueFull, StartsExhausted
@@ -337,5 +337,46 @@ def test_a_jobs_refusal_holds_nothing_on_any_budget(make_counters: Factory):
         assert ticket.applied_max_tokens == 5
         assert await counters.committed(f"key:key_t:month-out:{month}") == 5
         await counters.settle(ticket, 5, 5)
+
+    _run(make_counters, body)
+
+
+def test_budget_state_splits_committed_into_settled_and_held(make_counters: Factory):
+    """What GET /v1/usage reads: the Hold of requests in flight apart from what is settled, on
+    the counters admission decides on; a counter never used is the database's settled tokens."""
+    who = principal(monthly_tokens=1000, monthly_input_tokens=900)
+    month = _month()
+    total, inputs = f"key:key_t:month:{month}", f"key:key_t:month-in:{month}"
+    unused = f"key:key_t:day:{_day()}"
+
+    async def body(counters: Counters) -> None:
+        first = await counters.admit(AdmitRequest(who, prompt_tokens=10, choices=2, max_tokens=50))
+        second = await counters.admit(AdmitRequest(who, prompt_tokens=5, choices=1, max_tokens=20))
+        state = await counters.budget_state([total, inputs, unused])
+        assert (state[total].committed, state[total].held) == (7 + 110 + 25, 110 + 25)
+        assert (state[inputs].settled, state[inputs].held) == (3, 15)
+        assert (state[unused].committed, state[unused].held) == (4, 0)
+        await counters.settle(first, 10, 30)
+        state = await counters.budget_state([total])
+        assert (state[total].settled, state[total].held) == (7 + 40, 25)
+        await counters.settle(second, 5, 0)  # e.g. an error answer: charged nothing
+        state = await counters.budget_state([total, inputs])
+        assert (state[total].settled, state[total].held) == (7 + 40 + 5, 0)
+        assert (state[inputs].settled, state[inputs].held) == (3 + 10 + 5, 0)
+
+    _run(make_counters, body, **{total: 7, inputs: 3, unused: 4})
+
+
+def test_traffic_counts_running_waiting_and_starts(make_counters: Factory):
+    who = principal(max_running=1, max_waiting=2)
+
+    async def body(counters: Counters) -> None:
+        assert await counters.traffic("key_t") == TrafficInUse(0, 0, 0)
+        running = await counters.admit(AdmitRequest(who, 1, 1, 1))
+        waiting = await counters.admit(AdmitRequest(who, 1, 1, 1))
+        assert await counters.traffic("key_t") == TrafficInUse(1, 1, 2)
+        await counters.settle(waiting, 0, 0)
+        await counters.settle(running, 1, 1)
+        assert await counters.traffic("key_t") == TrafficInUse(0, 0, 2)
 
     _run(make_counters, body)

@@ -114,6 +114,10 @@ def _violations(path: Path) -> list[str]:
         # The deployment's registry: storage and the leaves; no web layer.
         forbid_third_party("fastapi", "starlette", "torch", "vllm")
         forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks")
+    if _in(module, "vllm_acs.account"):
+        # An account's keys and usage: shared by the CLI and the routes; no web layer.
+        forbid_third_party("fastapi", "starlette", "torch", "vllm")
+        forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks", "vllm_acs.cli")
     if _in(module, "vllm_acs.routes"):
         forbid_project("vllm_acs.middleware", "vllm_acs.hooks")
     if _in(module, "vllm_acs.activations") or module == "vllm_acs.client":

@@ -1,9 +1,9 @@
 """The node's surface: which paths a client can reach at all, and with which methods.
 
 API server process. Default deny (shared/spec/DECISIONS.md, "The node's surface"): the public
-/v1 routes, `/health`, `/openapi.json` and its UI, `/metrics` unless the operator closes it, and
-the vLLM routes the operator lists. Everything else, whatever vLLM registers now or later, is a
-404; a known path with another method is a 405.
+/v1 routes, `/health`, `/openapi.json` and its UI, `/metrics` and the browser Workbench unless
+the operator closes them, and the vLLM routes the operator lists. Everything else, whatever vLLM
+registers now or later, is a 404; a known path with another method is a 405.
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ PUBLIC_V1_ROUTES: tuple[PublicRoute, ...] = (
     _route("/v1/looms/{loom_id}/nodes/{node_id}/siblings", "POST"),
     _route("/v1/looms/{loom_id}/nodes/{node_id}/replay", "POST"),
     _route("/v1/looms/{loom_id}/nodes/{node_id}/score", "POST"),
+    _route("/v1/keys", "POST", "GET"),
+    _route("/v1/keys/{key_id}", "PATCH", "DELETE"),
+    _route("/v1/usage", "GET"),
 )
 # Outside /v1: liveness, the API's description and its browsable UI: Swagger UI from the files
 # vLLM ships (`vllm-acs serve` passes --enable-offline-docs), so the page needs no other origin.
@@ -76,8 +79,17 @@ PUBLIC_NODE_ROUTES: tuple[PublicRoute, ...] = (
 )
 
 
-def find_route(path: str) -> PublicRoute | None:
-    return next((r for r in (*PUBLIC_V1_ROUTES, *PUBLIC_NODE_ROUTES) if r.matches(path)), None)
+# The browser Workbench (routes/workbench): its page and the files it loads, no key needed to load
+# them (every API call the page makes carries one). An operator closes it with `workbench=false`.
+WORKBENCH_ROUTES: tuple[PublicRoute, ...] = (
+    _route("/workbench", "GET"),
+    _route("/workbench/{asset}", "GET"),
+)
+
+
+def find_route(path: str, *, workbench: bool = True) -> PublicRoute | None:
+    routes = (*PUBLIC_V1_ROUTES, *PUBLIC_NODE_ROUTES, *(WORKBENCH_ROUTES if workbench else ()))
+    return next((r for r in routes if r.matches(path)), None)
 
 
 def allowed_methods(route: PublicRoute) -> list[str]:
@@ -91,11 +103,22 @@ def allowed_methods(route: PublicRoute) -> list[str]:
 class Surface:
     """The public routes plus what the operator exposes of vLLM's own (exact paths)."""
 
-    def __init__(self, exposed_vllm_routes: Iterable[str] = (), *, metrics: bool = True) -> None:
+    def __init__(
+        self,
+        exposed_vllm_routes: Iterable[str] = (),
+        *,
+        metrics: bool = True,
+        workbench: bool = True,
+    ) -> None:
         exposed = set(exposed_vllm_routes)
         if metrics:
             exposed.add(METRICS_PATH)
         self.exposed: frozenset[str] = frozenset(exposed)
+        self.workbench = workbench
+
+    def find(self, path: str) -> PublicRoute | None:
+        """The public route that holds `path` on this node, or None (a 404)."""
+        return find_route(path, workbench=self.workbench)
 
     def is_exposed(self, path: str) -> bool:
         """A vLLM route the operator opened: it is served as vLLM serves it, without a key."""
@@ -105,5 +128,5 @@ class Surface:
         """The `route` label of the plugin's metrics: a template, an exposed path, or `other`."""
         if path in self.exposed:
             return path
-        route = find_route(path)
+        route = self.find(path)
         return route.template if route is not None else OTHER_ROUTE_LABEL

@@ -25,6 +25,9 @@ DEFAULT_ROUTE_SCOPES: Mapping[str, str] = {
     "/v1/completion-jobs": "jobs",
     "/v1/harvest": "harvest",
     "/v1/looms": "looms",
+    # Managing the account's keys; never a default scope. /v1/usage (about the key itself) needs
+    # no scope.
+    "/v1/keys": "keys",
 }
 
 

@@ -25,6 +25,7 @@ from ..errors import (
     IdempotencyRunning,
     InvalidRequest,
 )
+from ..key_auth import bearer_token
 from ..principal import PRINCIPAL_STATE_KEY, Principal
 from ..storage.idempotency import (
     IDEMPOTENCY_STATE_KEY,
@@ -37,6 +38,11 @@ from ..storage.idempotency import (
 from .asgi import ASGIApp, Message, Receive, Scope, Send, header, read_body, replay_body, send_error
 
 logger = logging.getLogger(__name__)
+
+# (stored body, the caller's bearer secret or None, the Idempotency-Key) -> body: what a route
+# stores instead of its answer, and how a replay gets the answer back (`POST /v1/keys` seals
+# the new secret; account/sealed_answer.py).
+Seal = Callable[[str, str | None, str], str]
 
 REPLAYED_HEADER = b"idempotent-replayed"
 # 1-255 printable ASCII characters (shared/spec/DECISIONS.md).
@@ -70,6 +76,7 @@ class IdempotencyMiddleware:
         routes: Mapping[str, bool],
         *,
         clock: Callable[[], datetime] = utc_now,
+        seals: Mapping[str, tuple[Seal, Seal]] | None = None,
     ) -> None:
         self.app = app
         self.records = records
@@ -77,6 +84,11 @@ class IdempotencyMiddleware:
         # required there (optional elsewhere).
         self.routes = [(template_pattern(t), required) for t, required in routes.items()]
         self.clock = clock
+        # Path template -> (seal, unseal) of its stored answer.
+        self.seals = [(template_pattern(t), pair) for t, pair in (seals or {}).items()]
+
+    def _seal(self, path: str) -> tuple[Seal, Seal] | None:
+        return next((pair for p, pair in self.seals if p.fullmatch(path)), None)
 
     def _required(self, path: str) -> bool | None:
         """Whether this writing POST needs the key; None: not a route with idempotency."""
@@ -127,7 +139,11 @@ class IdempotencyMiddleware:
                 "new request."
             )
         elif found.state == "done" and found.answer is not None:
-            await _send_stored(send, found.answer)
+            answer, seal = found.answer, self._seal(scope.get("path", ""))
+            if seal is not None:
+                opened = seal[1](answer.body, _caller_secret(scope), _key_of(scope))
+                answer = StoredAnswer(answer.status, opened, answer.headers)
+            await _send_stored(send, answer)
             return
         elif found.state == "running":
             error = IdempotencyRunning(
@@ -169,8 +185,21 @@ class IdempotencyMiddleware:
             # Refused before the work started (or nobody answered): nothing to replay.
             await self.records.release(target)
             return
-        answer = StoredAnswer(status, b"".join(chunks).decode("utf-8", "replace"), _kept(headers))
+        stored = b"".join(chunks).decode("utf-8", "replace")
+        seal = self._seal(scope.get("path", ""))
+        if seal is not None:
+            stored = seal[0](stored, _caller_secret(scope), target.idempotency_key)
+        answer = StoredAnswer(status, stored, _kept(headers))
         await self.records.complete(target, answer, self.clock())
+
+
+def _caller_secret(scope: Scope) -> str | None:
+    value = header(scope, b"authorization")
+    return None if value is None else bearer_token({"authorization": value})
+
+
+def _key_of(scope: Scope) -> str:
+    return header(scope, b"idempotency-key") or ""
 
 
 def _kept(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:

@@ -10,7 +10,7 @@ connections are refused: the surface has none.
 
 from __future__ import annotations
 
-from ..contract.routes import Surface, allowed_methods, find_route
+from ..contract.routes import Surface, allowed_methods
 from ..errors import ChatCompletionsUnsupported, MethodNotAllowed, NotFound
 from .asgi import ASGIApp, Message, Receive, Scope, Send, header, send_error
 
@@ -34,7 +34,7 @@ class RouteGateMiddleware:
             await self.app(scope, receive, send)
             return
         path, method = scope["path"], scope["method"]
-        route = find_route(path)
+        route = self.surface.find(path)
         if route is None:
             await send_error(
                 scope, send, NotFound(f"Unknown route: {method} {path}. See /openapi.json.")

@@ -1,17 +1,19 @@
-"""What the job and harvest routes share: a service's answer, its HTTP response, and the caller
-that Auth put on the request. API server process.
+"""What the feature routes share: a service's answer, its HTTP response, running a service call
+into one, and the caller that Auth put on the request. API server process.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ..errors import InternalError
+from ..errors import AcsError, InternalError
 from ..principal import PRINCIPAL_STATE_KEY, Principal
+from .error_response import error_response
 
 
 @dataclass(frozen=True)
@@ -34,3 +36,14 @@ def response_of(answer: Answer) -> Response:
             answer.body, answer.status, headers=answer.headers, media_type="application/json"
         )
     return JSONResponse(answer.body, answer.status, headers=answer.headers)
+
+
+async def answer_of(request: Request, work: Callable[[], Awaitable[Any]]) -> Response:
+    """Runs a service call: its dict as JSON (200), its Answer as it says, its error enveloped."""
+    try:
+        result = await work()
+    except AcsError as error:
+        return error_response(request, error)
+    if isinstance(result, Answer):
+        return response_of(result)
+    return JSONResponse(result)

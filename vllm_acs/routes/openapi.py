@@ -14,9 +14,11 @@ from ..contract.completion_request import CompletionRequest
 from ..settings import Settings
 from .harvest.openapi import harvest_paths, harvest_schemas
 from .jobs.openapi import job_paths, job_schemas
+from .keys.openapi import key_paths, key_schemas
 from .looms.openapi import loom_paths, loom_schemas
 from .models.openapi import model_paths, model_schemas
 from .openapi_parts import ERROR_ENVELOPE, HEADERS, REF, error_doc, json_doc
+from .usage.openapi import usage_paths, usage_schemas
 
 COMPLETION = {
     "type": "object",
@@ -69,11 +71,19 @@ def _completions_operation() -> dict[str, Any]:
         *upstream,
         "X-Acs-Max-Tokens-Clamped",
     )
+    # One schema per event, as OpenAPI tools read an event stream (the Loom branch's likewise).
     ok["content"]["text/event-stream"] = {
         "schema": {
-            "type": "string",
-            "description": "SSE chunks ending with data: [DONE]; with output_residual_stream, "
-            'one chunk with "choices": [] and "activations" comes before the usage chunk',
+            "type": "object",
+            "required": ["data"],
+            "description": "Unnamed events, each data a Completion chunk as JSON, ending with "
+            'data: [DONE]; with output_residual_stream, one chunk with "choices": [] and '
+            '"activations" comes before the usage chunk; an error after the 200 is a chunk '
+            "holding the error envelope",
+            "properties": {
+                "event": {"type": "string", "enum": ["message"]},
+                "data": {"type": "string"},
+            },
         }
     }
     return {
@@ -124,6 +134,8 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
     components.update(job_schemas())
     components.update(harvest_schemas())
     components.update(loom_schemas())
+    components.update(key_schemas())
+    components.update(usage_schemas())
     components["Completion"] = COMPLETION
     return {
         "openapi": "3.1.0",
@@ -150,6 +162,8 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
             **job_paths(),
             **harvest_paths(),
             **loom_paths(settings),
+            **key_paths(),
+            **usage_paths(),
             "/health": {
                 "get": {
                     "operationId": "health",

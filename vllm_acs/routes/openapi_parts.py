@@ -74,13 +74,14 @@ ERROR_TEXT = {
     "vllm_context_length)",
     401: "No valid key (missing_authorization, invalid_api_key, key_revoked, key_disabled, "
     "account_suspended, account_not_approved)",
-    403: "scope_denied: the key lacks the route's scope; download_url_invalid: an expired, "
+    403: "scope_denied: the key lacks the route's scope (or grants one it does not hold); "
+    "download_url_invalid: an expired, "
     "unsigned or altered download URL",
     404: "Unknown route or id (not_found, model_not_found, job_not_found, harvest_job_not_found, "
-    "loom_not_found, loom_node_not_found)",
+    "loom_not_found, loom_node_not_found, key_not_found)",
     409: "idempotency_conflict, no_answer, job_not_cancellable, harvest_not_cancellable, "
-    "loom_node_conflict, loom_node_limit (x-should-retry: false); running (Retry-After): the "
-    "first request with this Idempotency-Key has not answered yet",
+    "key_not_changeable, loom_node_conflict, loom_node_limit (x-should-retry: false); running "
+    "(Retry-After): the first request with this Idempotency-Key has not answered yet",
     413: "request_too_large",
     416: "range_not_satisfiable: the Range is not one range inside the file",
     429: "budget_exceeded, activation_quota_exceeded, job_capacity, harvest_quota_exceeded, "

@@ -1,7 +1,9 @@
 """API keys: create (secret shown once), list, find by id or visible prefix, state, limits, and the
-per-request lookup that authentication uses.
+per-request lookup that authentication uses. A change may carry a `KeyEvent`, written to the
+audit trail in the same transaction.
 
-Used by the CLI and the API server. Only the SHA-256 of a secret is stored.
+Used by the CLI and the API server (through `account/key_manager.py`). Only the SHA-256 of a
+secret is stored.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import bindparam, or_, select, update
+from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ..principal import KEY_LIMIT_FIELDS, SCOPES
+from ..principal import DEFAULT_SCOPES, KEY_LIMIT_FIELDS, SCOPES
 from .api_key_secret import hash_secret, new_secret, visible_prefix
 from .errors import ConflictError, NotFoundError
-from .tables import accounts, api_keys
+from .key_events import KeyEvent, record_event
+from .tables import accounts, api_keys, usage_rows
 from .transactions import point_read, write_transaction
 
 KEY_STATES = ("active", "paused", "revoked")
@@ -42,9 +45,26 @@ class ApiKey:
     max_waiting: int | None
     starts_per_minute: int | None
     monthly_activation_requests: int | None
+    created_at: datetime | None = None
+    revoked_at: datetime | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {**asdict(self), "scopes": list(self.scopes)}
+        return {
+            **asdict(self),
+            "scopes": list(self.scopes),
+            "created_at": _iso(self.created_at),
+            "revoked_at": _iso(self.revoked_at),
+        }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=timezone.utc)  # SQLite hands back naive datetimes
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,8 @@ def _key(row: Any) -> ApiKey:
         state=row.state,
         scopes=tuple(s for s in row.scopes.split(",") if s),
         **{f: getattr(row, f) for f in KEY_LIMIT_FIELDS},
+        created_at=_utc(row.created_at),
+        revoked_at=_utc(row.revoked_at),
     )
 
 
@@ -101,11 +123,13 @@ class KeyRepository:
         self,
         account_id: str,
         *,
-        scopes: tuple[str, ...] = tuple(sorted(SCOPES)),
+        scopes: tuple[str, ...] = tuple(sorted(DEFAULT_SCOPES)),
         name: str | None = None,
+        event: KeyEvent | None = None,
         **limits: int | None,
     ) -> tuple[ApiKey, str]:
-        """A new active key; returns it with its secret, which is never readable again."""
+        """A new active key; returns it with its secret, which is never readable again.
+        `event` (its changes completed with the key's settings) goes to the audit trail."""
         unknown = set(limits) - set(KEY_LIMIT_FIELDS)
         if unknown:
             raise ValueError(f"unknown key limits: {sorted(unknown)}")
@@ -125,6 +149,14 @@ class KeyRepository:
             try:
                 async with write_transaction(self._engine) as conn:
                     await conn.execute(api_keys.insert().values(**values))
+                    if event is not None:
+                        await record_event(
+                            conn,
+                            event,
+                            key_id=values["id"],
+                            account_id=account_id,
+                            at=values["created_at"],
+                        )
             except IntegrityError as error:
                 if "prefix" not in str(error.orig).lower():
                     raise ConflictError(f"cannot create a key for account {account_id!r}") from None
@@ -151,25 +183,54 @@ class KeyRepository:
         async with self._engine.connect() as conn:
             return [_key(row) for row in await conn.execute(query)]
 
-    async def update(self, ref: str, **values: Any) -> ApiKey:
+    async def last_used(self, key_ids: list[str]) -> dict[str, datetime]:
+        """When each key's last request that reached admission was made (its newest usage row);
+        a key without one is missing. Read from the usage rows: no write per request."""
+        if not key_ids:
+            return {}
+        c = usage_rows.c
+        query = (
+            select(c.key_id, func.max(c.created_at).label("at"))
+            .where(c.key_id.in_(key_ids))
+            .group_by(c.key_id)
+        )
+        async with self._engine.connect() as conn:
+            return {row.key_id: _utc(row.at) for row in await conn.execute(query) if row.at}
+
+    async def update(self, ref: str, event: KeyEvent | None = None, **values: Any) -> ApiKey:
+        """Changes a key; a state change of a revoked key is refused (revoking is permanent).
+        The check is part of the UPDATE, so a revoke that lands first always wins."""
         key = await self.get(ref)
-        if key.state == "revoked" and "state" in values:
-            raise ConflictError(f"key {key.prefix} is revoked; revoking is permanent")
+        statement = update(api_keys).where(api_keys.c.id == key.id)
+        if "state" in values:
+            statement = statement.where(api_keys.c.state != "revoked")
         async with write_transaction(self._engine) as conn:
-            await conn.execute(update(api_keys).where(api_keys.c.id == key.id).values(**values))
+            changed = (await conn.execute(statement.values(**values))).rowcount
+            if changed and event is not None:
+                await record_event(
+                    conn,
+                    event,
+                    key_id=key.id,
+                    account_id=key.account_id,
+                    at=datetime.now(timezone.utc),
+                )
+        if not changed:
+            raise ConflictError(f"key {key.prefix} is revoked; revoking is permanent")
         return await self.get(key.id)
 
-    async def set_state(self, ref: str, state: str) -> ApiKey:
+    async def set_state(self, ref: str, state: str, event: KeyEvent | None = None) -> ApiKey:
         if state not in KEY_STATES:
             raise ValueError(f"state must be one of {KEY_STATES}")
         extra = {"revoked_at": datetime.now(timezone.utc)} if state == "revoked" else {}
-        return await self.update(ref, state=state, **extra)
+        return await self.update(ref, event, state=state, **extra)
 
-    async def set_limits(self, ref: str, **limits: int | None) -> ApiKey:
+    async def set_limits(
+        self, ref: str, event: KeyEvent | None = None, **limits: int | str | None
+    ) -> ApiKey:
         unknown = set(limits) - set(KEY_LIMIT_FIELDS) - {"scopes", "name"}
         if unknown:
             raise ValueError(f"unknown key settings: {sorted(unknown)}")
-        return await self.update(ref, **limits)
+        return await self.update(ref, event, **limits)
 
     async def lookup(self, prefix: str) -> KeyWithAccount | None:
         """One indexed query per request: no cache, so a pause or revoke counts at once."""

@@ -78,6 +78,28 @@ def activation_units(ticket: Ticket, prompt_tokens: int, completion_tokens: int)
     return reservation("requests", engine_prompt(ticket, prompt_tokens), completion_tokens)
 
 
+@dataclass(frozen=True)
+class CounterState:
+    """One budget counter as admission sees it: `committed` (settled plus held) is what the limit
+    is compared with; `held` is the part reserved by requests in flight."""
+
+    committed: int
+    held: int
+
+    @property
+    def settled(self) -> int:
+        return self.committed - self.held
+
+
+@dataclass(frozen=True)
+class TrafficInUse:
+    """A key's traffic now, across every process sharing the counters."""
+
+    running: int
+    waiting: int
+    starts_last_minute: int
+
+
 class Counters(abc.ABC):
     """Slots (running + waiting, FIFO), starts per minute and Holds, per key."""
 
@@ -120,6 +142,15 @@ class Counters(abc.ABC):
     @abc.abstractmethod
     async def slots(self, key_id: str) -> tuple[int, int]:
         """(running, waiting) of a key, across every process sharing the counters."""
+
+    @abc.abstractmethod
+    async def budget_state(self, counters: list[str]) -> dict[str, CounterState]:
+        """Committed and held tokens of full counter names (with period), as admission sees them
+        now; a counter never used is settled from the database (zero held)."""
+
+    @abc.abstractmethod
+    async def traffic(self, key_id: str) -> TrafficInUse:
+        """Running and waiting requests and starts of the last 60 s of a key."""
 
     async def close(self) -> None:  # noqa: B027  # optional for backends without resources
         pass

@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from ..principal import Principal
-from .counters import AdmitRequest, Counters, SettledReader, Ticket, charge, engine_prompt
+from .counters import (
+    AdmitRequest,
+    Counters,
+    CounterState,
+    SettledReader,
+    Ticket,
+    TrafficInUse,
+    charge,
+    engine_prompt,
+)
 from .errors import BudgetExhausted, QueueFull, StartsExhausted
 from .periods import BudgetLine, counter_with_period, hold, max_tokens_that_fit
 
@@ -60,6 +69,8 @@ class EmbeddedCounters(Counters):
     def __init__(self, read_settled: SettledReader) -> None:
         self._read_settled = read_settled
         self._committed: dict[str, int] = {}
+        # The part of each counter held by requests in flight (for GET /v1/usage).
+        self._held: dict[str, int] = collections.defaultdict(int)
         self._traffic: dict[str, _KeyTraffic] = collections.defaultdict(_KeyTraffic)
         self._load_lock = asyncio.Lock()
 
@@ -106,6 +117,7 @@ class EmbeddedCounters(Counters):
             amount = hold(line.kind, request.prompt_tokens, output)
             ticket.reserved[counter] = (amount, line.kind)
             self._committed[counter] += amount
+            self._held[counter] += amount
         if request.count_start:
             traffic.starts.append(clock)
         if runs_now:
@@ -154,10 +166,22 @@ class EmbeddedCounters(Counters):
         for counter, (amount, kind) in ticket.reserved.items():
             prompt = engine_prompt(ticket, prompt_tokens) if kind == "requests" else prompt_tokens
             self._committed[counter] -= amount - charge(kind, amount, prompt, completion_tokens)
+            self._held[counter] -= amount
 
     async def committed(self, counter: str) -> int:
         await self._load([counter])
         return self._committed[counter]
+
+    async def budget_state(self, counters: list[str]) -> dict[str, CounterState]:
+        await self._load(counters)
+        return {c: CounterState(self._committed[c], self._held.get(c, 0)) for c in counters}
+
+    async def traffic(self, key_id: str) -> TrafficInUse:
+        running, waiting = await self.slots(key_id)
+        traffic = self._traffic.get(key_id)
+        clock = time.monotonic()
+        starts = 0 if traffic is None else sum(1 for s in traffic.starts if s > clock - _WINDOW_S)
+        return TrafficInUse(running, waiting, starts)
 
     async def slots(self, key_id: str) -> tuple[int, int]:
         traffic = self._traffic.get(key_id)

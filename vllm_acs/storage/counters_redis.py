@@ -21,11 +21,21 @@ from redis.backoff import ExponentialBackoff
 
 from ..metrics import LEASES_LOST
 from ..principal import Principal
-from .counters import AdmitRequest, Counters, SettledReader, Ticket, engine_prompt
+from .counters import (
+    AdmitRequest,
+    Counters,
+    CounterState,
+    SettledReader,
+    Ticket,
+    TrafficInUse,
+    engine_prompt,
+)
 from .errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted, StorageError
 
 logger = logging.getLogger(__name__)
 _POLL_S = (0.005, 0.05)
+# Each budget counter's part held by requests in flight lives beside it (admit.lua, settle.lua).
+HELD_SUFFIX = "|held"
 
 
 def _script(name: str) -> str:
@@ -217,6 +227,39 @@ class RedisCounters(Counters):
 
     async def committed(self, counter: str) -> int:
         return int(await self._redis.get(self._k("bud", counter)) or 0)
+
+    async def budget_state(self, counters: list[str]) -> dict[str, CounterState]:
+        """One MGET of each counter and its held part (`<counter>|held`, kept by the scripts);
+        a counter Redis does not hold has no Hold and is read from the database."""
+        if not counters:
+            return {}
+        names = [self._k("bud", c) for c in counters]
+        values = await self._redis.mget([n for name in names for n in (name, name + HELD_SUFFIX)])
+        missing = [c for i, c in enumerate(counters) if values[2 * i] is None]
+        settled = await self._read_settled(missing) if missing else {}
+        state: dict[str, CounterState] = {}
+        for i, counter in enumerate(counters):
+            committed, held = values[2 * i], values[2 * i + 1]
+            if committed is None:
+                state[counter] = CounterState(settled.get(counter, 0), 0)
+            else:
+                # Never below zero: a held part Redis evicted alone must not inflate `settled`.
+                held_now = min(max(0, int(held or 0)), int(committed))
+                state[counter] = CounterState(int(committed), held_now)
+        return state
+
+    async def traffic(self, key_id: str) -> TrafficInUse:
+        """Leases and starts still valid on Redis's clock (expired entries are removed only by
+        the next admit, so they are counted by score here)."""
+        seconds, micros = await self._redis.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        run, _, wait_lease = self._slot_keys(key_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zcount(run, f"({now_ms}", "+inf")
+            pipe.zcount(wait_lease, f"({now_ms}", "+inf")
+            pipe.zcount(self._k("starts", key_id), f"({now_ms - 60000}", "+inf")
+            running, waiting, starts = await pipe.execute()
+        return TrafficInUse(int(running), int(waiting), int(starts))
 
     async def slots(self, key_id: str) -> tuple[int, int]:
         run, wait, _ = self._slot_keys(key_id)

@@ -29,6 +29,7 @@ from .files import FileStore, LocalFileStore
 from .harvests import HarvestRepository
 from .idempotency import IdempotencyRecords
 from .jobs import JobRepository
+from .key_events import KeyEventLog
 from .ledger import UsageLedger
 from .looms import LoomRepository
 from .migrate import current_revision, head_revision, upgrade
@@ -80,6 +81,7 @@ class Storage:
     engine: AsyncEngine
     accounts: AccountRepository
     keys: KeyRepository
+    key_events: KeyEventLog
     usage: UsageRepository
     ledger: UsageLedger
     counters: Counters
@@ -180,6 +182,7 @@ async def open_storage(
         engine=engine,
         accounts=AccountRepository(engine),
         keys=KeyRepository(engine),
+        key_events=KeyEventLog(engine),
         usage=usage,
         ledger=UsageLedger(usage, on_written=on_usage_written),
         counters=counters,

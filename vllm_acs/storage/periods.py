@@ -52,10 +52,15 @@ def counter_with_period(line_counter: str, granularity: str, moment: datetime) -
     return f"{line_counter}:{period}"
 
 
+def key_monthly_counter(key_id: str) -> str:
+    """The counter of a key's monthly tokens, before its period (`key:<id>:month`)."""
+    return f"key:{key_id}:month"
+
+
 def all_lines(key_id: str, account_id: str) -> list[tuple[str, str, str, BudgetKind]]:
     """(name, counter, granularity, kind) of every budget a key's usage counts against."""
     return [
-        ("key_monthly", f"key:{key_id}:month", "month", "total"),
+        ("key_monthly", key_monthly_counter(key_id), "month", "total"),
         ("key_daily", f"key:{key_id}:day", "day", "total"),
         ("key_monthly_input", f"key:{key_id}:month-in", "month", "input"),
         ("key_monthly_output", f"key:{key_id}:month-out", "month", "output"),

@@ -1,5 +1,5 @@
-"""The schema of accounts, keys, budget counters, usage rows, jobs, idempotency records and Looms,
-as SQLAlchemy Core tables.
+"""The schema of accounts, keys (and their audit trail), budget counters, usage rows, jobs,
+idempotency records and Looms, as SQLAlchemy Core tables.
 
 Imported by the repositories and by Alembic's migrations; one schema for SQLite and PostgreSQL.
 Money is integer tokens (BigInteger), never floats.
@@ -58,6 +58,23 @@ api_keys = Table(
     Column("monthly_activation_requests", Integer, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("revoked_at", DateTime(timezone=True), nullable=True),
+)
+
+# The audit trail of key management (migration 0006): which actor (a key id, or `operator` for
+# the CLI) did what (create, pause, resume, revoke, set) to which key, when, with what changes.
+key_events = Table(
+    "key_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("account_id", String(40), nullable=False),
+    Column("key_id", String(40), nullable=False),
+    Column("actor", String(40), nullable=False),
+    Column("action", String(16), nullable=False),
+    # JSON of what changed ({"state": "paused"}, {"monthly_tokens": 1000}, ...); never a secret.
+    Column("changes", Text, nullable=False),
+    Index("ix_key_events_account_at", "account_id", "at"),
+    Index("ix_key_events_key", "key_id"),
 )
 
 # Settled tokens per budget and UTC period (`key:<id>:month:2026-11`), written with the usage

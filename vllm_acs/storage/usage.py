@@ -154,10 +154,49 @@ class UsageRepository:
         async with self._engine.connect() as conn:
             return [_totals(row._asdict()) for row in await conn.execute(query)]
 
+    async def key_month_by_model_day(self, key_id: str, period: str) -> list[dict[str, Any]]:
+        """One key's rows of a UTC month summed per (UTC day, model): requests, prompt and
+        completion tokens, activation requests. Days in order, models by name."""
+        c = usage_rows.c
+        day = _utc_day(c.created_at, self._engine.dialect.name)
+        query = (
+            select(
+                day.label("day"),
+                c.model,
+                func.count().label("requests"),
+                func.sum(c.prompt_tokens).label("prompt_tokens"),
+                func.sum(c.completion_tokens).label("completion_tokens"),
+                func.sum(c.activation_requests).label("activation_requests"),
+            )
+            .where(c.key_id == key_id, c.period == period)
+            .group_by(day, c.model)
+            .order_by(day, c.model)
+        )
+        async with self._engine.connect() as conn:
+            return [
+                {
+                    "date": str(row.day),
+                    "model": row.model,
+                    "requests": int(row.requests),
+                    "prompt_tokens": int(row.prompt_tokens or 0),
+                    "completion_tokens": int(row.completion_tokens or 0),
+                    "activation_requests": int(row.activation_requests or 0),
+                }
+                for row in await conn.execute(query)
+            ]
+
     async def rows(self, limit: int = 1000) -> list[dict[str, Any]]:
         query = select(usage_rows).order_by(usage_rows.c.id.desc()).limit(limit)
         async with self._engine.connect() as conn:
             return [dict(row._mapping) for row in await conn.execute(query)]
+
+
+def _utc_day(column: Any, dialect_name: str) -> Any:
+    """The UTC date of a timestamp column: SQLite keeps UTC text; PostgreSQL converts a
+    timestamptz to its session's zone unless told UTC."""
+    if dialect_name == "postgresql":
+        return func.date(func.timezone("UTC", column))
+    return func.date(column)
 
 
 def _totals(row: dict[str, Any]) -> dict[str, Any]:

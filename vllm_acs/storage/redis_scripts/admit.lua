@@ -58,6 +58,7 @@ for _, old in ipairs(expired) do
       local reserved = tonumber(value)
       local charged = math.min(reserved, reservation(h['k:' .. counter], pp, po))
       redis.call('DECRBY', counter, reserved - charged)
+      redis.call('DECRBY', counter .. '|held', reserved)
     end
   end
   redis.call('DEL', hold_key)
@@ -149,8 +150,11 @@ local hold = {'pp', 0, 'po', 0}
 for _, line in ipairs(lines) do
   local amount = (line.kind == 'requests') and 1 or reservation(line.kind, prompt, output)
   redis.call('INCRBY', line.counter, amount)
+  -- What requests in flight hold of the counter (GET /v1/usage); settle takes it back.
+  redis.call('INCRBY', line.counter .. '|held', amount)
   -- Outlive the period (a month is at most 31 days) so late settles still find the counter.
   redis.call('PEXPIRE', line.counter, (line.gran == 'day' and 3 or 62) * 86400000)
+  redis.call('PEXPIRE', line.counter .. '|held', (line.gran == 'day' and 3 or 62) * 86400000)
   hold[#hold + 1] = 'c:' .. line.counter
   hold[#hold + 1] = amount
   hold[#hold + 1] = 'k:' .. line.counter

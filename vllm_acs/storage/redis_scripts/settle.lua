@@ -32,6 +32,7 @@ for name, value in pairs(h) do
     local p = (kind == 'requests') and tonumber(ARGV[4] or '0') or prompt
     local charged = math.min(reserved, reservation(kind, p, output))
     redis.call('DECRBY', counter, reserved - charged)
+    redis.call('DECRBY', counter .. '|held', reserved)
   end
 end
 redis.call('DEL', KEYS[5])

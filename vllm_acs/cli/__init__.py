@@ -1,4 +1,5 @@
-"""`vllm-acs`: the operator's command line (serve, tiny-model, accounts, keys, usage, db).
+"""`vllm-acs`: the operator's command line (serve, tiny-model, accounts, keys, usage, db, jobs,
+local-key), one module per command group.
 
 Runs in the operator's shell. Each subcommand imports what it needs only when it runs, so
 `vllm-acs --help` is fast and works without vLLM.
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 
 def _serve(vllm_args: list[str]) -> int:
-    from .launcher import run_vllm_serve
+    from ..launcher import run_vllm_serve
 
     if not vllm_args:
         raise SystemExit("usage: vllm-acs serve MODEL [any vllm serve arguments]")
@@ -21,7 +22,7 @@ def _serve(vllm_args: list[str]) -> int:
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
-    from .tiny_model import write_tiny_model
+    from ..tiny_model import write_tiny_model
 
     out = write_tiny_model(args.directory)
     print(f"tiny Llama written to {out}")
@@ -49,9 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory")
     tiny.set_defaults(handler=_tiny_model)
 
-    from .operator_commands import add_operator_commands
+    from ..local_key import add_local_key_command
+    from .accounts import add_account_commands
+    from .common import command
+    from .db import add_db_commands
+    from .jobs import add_job_commands
+    from .keys import add_key_commands
+    from .usage import add_usage_command
 
-    add_operator_commands(sub)
+    add_account_commands(sub, command)
+    add_key_commands(sub, command)
+    add_usage_command(sub, command)
+    add_db_commands(sub, command)
+    add_job_commands(sub, command)
+    add_local_key_command(sub)
     return parser
 
 

@@ -1,5 +1,5 @@
 """`vllm-acs jobs list|show|cancel|sweep`: the operator's view of completion jobs, their cancel,
-and the retention sweep by hand. Runs in the operator's shell, like operator_commands.py.
+and the retention sweep by hand. Operator's shell.
 """
 
 from __future__ import annotations
@@ -7,17 +7,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from .operator_commands import out, table
-from .states import JobStatus
+from ..states import JobStatus
+from .common import Register, out, positive, table
 
 if TYPE_CHECKING:  # storage imports SQLAlchemy: only when a command runs (fast `--help`)
-    from .storage.jobs import Job
-
-Register = Callable[..., None]
+    from ..storage.jobs import Job
 
 # Bodies can be megabytes (a prompt, a whole completion): list and show give their sizes.
 _BODIES = ("request", "result_body")
@@ -46,16 +43,6 @@ def _short(value: datetime | None) -> str | None:
     return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
 def _utc_time(text: str) -> datetime:
     """An ISO 8601 time; without an offset it is UTC. `Z` is accepted (Python 3.10 does not)."""
     try:
@@ -70,7 +57,7 @@ def _utc_time(text: str) -> datetime:
 
 
 async def _get(storage: Any, job_id: str) -> Job:
-    from .storage.errors import NotFoundError
+    from ..storage.errors import NotFoundError
 
     job = await storage.jobs.get(job_id)
     if job is None:
@@ -109,7 +96,7 @@ async def _show(args: argparse.Namespace, storage: Any) -> int:
 
 
 async def _cancel(args: argparse.Namespace, storage: Any) -> int:
-    from .storage.errors import ConflictError, NotFoundError
+    from ..storage.errors import ConflictError, NotFoundError
 
     job = await _get(storage, args.job)
     was_running = job.status is JobStatus.RUNNING
@@ -129,7 +116,7 @@ async def _cancel(args: argparse.Namespace, storage: Any) -> int:
 
 async def _sweep(args: argparse.Namespace, storage: Any) -> int:
     now = args.now or datetime.now(timezone.utc)
-    from .harvest.retention import RESULT_TTLS, sweep_files
+    from ..harvest.retention import RESULT_TTLS, sweep_files
 
     report = await storage.jobs.sweep(now, result_ttls=RESULT_TTLS)
     harvest_files = await sweep_files(storage.files, storage.jobs, now)
@@ -145,14 +132,14 @@ async def _sweep(args: argparse.Namespace, storage: Any) -> int:
 
 
 def add_job_commands(sub: Any, command: Register) -> None:
-    """Adds `jobs` to the `vllm-acs` parser; `command` is add_operator_commands' registration."""
+    """Adds `jobs` to the `vllm-acs` parser; `command` is common.command."""
     jobs = sub.add_parser("jobs", help="list, show and cancel jobs; run the retention sweep")
     acts = jobs.add_subparsers(dest="action", required=True)
 
     listing = acts.add_parser("list", help="jobs, newest first")
     listing.add_argument("--key", help="a key's id or visible prefix")
     listing.add_argument("--status", choices=[s.value for s in JobStatus])
-    listing.add_argument("--limit", type=_positive, default=100, help="at most N (default 100)")
+    listing.add_argument("--limit", type=positive, default=100, help="at most N (default 100)")
     command(listing, _list)
 
     show = acts.add_parser("show", help="one job: every column, the bodies as sizes in bytes")

@@ -1,0 +1,211 @@
+"""`KeyManager`: one service for managing keys, with two faces: the operator's `vllm-acs keys`
+commands (actor `operator`: any account, any scope, any limit) and the /v1/keys routes (a key with
+the `keys` scope acting on its own account: it grants at most the scopes it holds, sets only token
+budgets, none above the account's total). Every change is written to the audit trail in the
+transaction that makes it.
+
+CLI and API server process; storage and the leaves only (no web framework).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ..principal import DEFAULT_SCOPES, KEY_LIMIT_FIELDS, SCOPES, Principal
+from ..storage.accounts import Account, AccountRepository
+from ..storage.api_keys import ApiKey, KeyRepository
+from ..storage.errors import ConflictError, NotFoundError
+from ..storage.key_events import OPERATOR, KeyEvent, KeyEventLog, KeyEventRow
+from ..storage.periods import key_monthly_counter
+from ..storage.usage import UsageRepository
+
+# The budgets a key with the `keys` scope may set (traffic limits and the activation quota stay
+# the operator's).
+BUDGET_FIELDS = ("monthly_tokens", "daily_tokens", "monthly_input_tokens", "monthly_output_tokens")
+_ACTIONS = {"paused": "pause", "active": "resume", "revoked": "revoke"}
+
+
+class KeyRefused(Exception):
+    """A change the actor may not make; `field` names the setting when one is at fault."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ScopeEscalation(KeyRefused):
+    """A key tried to grant a scope it does not hold."""
+
+
+class BudgetAboveAccount(KeyRefused):
+    """A key budget above the account's monthly total."""
+
+
+class KeyNotFound(NotFoundError):
+    """No such key, or (for a key actor) another account's: the same answer, never a 403."""
+
+
+class KeyRevoked(ConflictError):
+    """A revoked key cannot change any more."""
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who manages keys: the operator, or an API key on its own account."""
+
+    id: str
+    account_id: str | None
+    scopes: frozenset[str]
+
+    @classmethod
+    def operator(cls) -> Actor:
+        return cls(OPERATOR, None, SCOPES)
+
+    @classmethod
+    def of_key(cls, principal: Principal) -> Actor:
+        return cls(principal.key_id, principal.account_id, frozenset(principal.scopes))
+
+    @property
+    def is_operator(self) -> bool:
+        return self.account_id is None
+
+
+@dataclass(frozen=True)
+class KeyListing:
+    key: ApiKey
+    # Tokens (prompt + completion) settled this UTC month, from the ledger's counters.
+    month_spend: int
+    # The key's newest usage row (a request that reached admission); None: never used.
+    last_used_at: datetime | None
+
+
+class KeyManager:
+    def __init__(
+        self,
+        accounts: AccountRepository,
+        keys: KeyRepository,
+        events: KeyEventLog,
+        usage: UsageRepository,
+    ) -> None:
+        self._accounts = accounts
+        self._keys = keys
+        self._events = events
+        self._usage = usage
+
+    async def _account_of(self, actor: Actor, account_ref: str | None) -> Account:
+        if actor.is_operator:
+            if account_ref is None:
+                raise ValueError("the operator names the account")
+            return await self._accounts.get(account_ref)
+        return await self._accounts.get(actor.account_id)  # type: ignore[arg-type]
+
+    async def get(self, actor: Actor, ref: str) -> ApiKey:
+        """The key `ref` (id or visible prefix); a key actor sees only its own account's."""
+        try:
+            key = await self._keys.get(ref)
+        except NotFoundError:
+            raise KeyNotFound(f"no key {ref!r}") from None
+        if not actor.is_operator and key.account_id != actor.account_id:
+            raise KeyNotFound(f"no key {ref!r}")
+        return key
+
+    def _check(self, actor: Actor, account: Account, settings: dict[str, Any]) -> None:
+        if actor.is_operator:
+            return
+        for field in settings:
+            if field not in (*BUDGET_FIELDS, "name", "scopes"):
+                raise KeyRefused(f"only the operator sets '{field}'", field)
+        scopes = settings.get("scopes")
+        if scopes is not None:
+            missing = sorted(set(scopes) - actor.scopes)
+            if missing:
+                raise ScopeEscalation(
+                    f"this API key cannot grant scopes it does not hold: {', '.join(missing)}",
+                    "scopes",
+                )
+        total = account.monthly_tokens
+        for field in BUDGET_FIELDS:
+            value = settings.get(field)
+            if total is not None and value is not None and value > total:
+                raise BudgetAboveAccount(
+                    f"'{field}' ({value}) is above the account's monthly total ({total}); a key "
+                    "budget cannot exceed it",
+                    field,
+                )
+
+    async def create(
+        self,
+        actor: Actor,
+        account_ref: str | None = None,
+        *,
+        name: str | None = None,
+        scopes: tuple[str, ...] | None = None,
+        **limits: int | None,
+    ) -> tuple[ApiKey, str]:
+        """A new key and its secret (never readable again). A key actor's new key gets the
+        default scopes it holds itself unless `scopes` names others it holds."""
+        account = await self._account_of(actor, account_ref)
+        if scopes is None:
+            scopes = tuple(sorted(DEFAULT_SCOPES & actor.scopes)) or tuple(sorted(actor.scopes))
+        self._check(actor, account, {"scopes": scopes, **limits})
+        set_limits = {f: v for f, v in limits.items() if v is not None}
+        event = KeyEvent(actor.id, "create", {"name": name, "scopes": sorted(scopes), **set_limits})
+        return await self._keys.create(
+            account.id, name=name, scopes=tuple(scopes), event=event, **set_limits
+        )
+
+    async def list(self, actor: Actor, account_ref: str | None = None) -> list[ApiKey]:
+        if actor.is_operator and account_ref is None:
+            return await self._keys.list(None)
+        account = await self._account_of(actor, account_ref)
+        return await self._keys.list(account.id)
+
+    async def listing(self, actor: Actor, period: str) -> list[KeyListing]:
+        """The account's keys with this month's spend and when each was last used."""
+        return await self.listings(await self.list(actor), period)
+
+    async def listings(self, keys: list[ApiKey], period: str) -> list[KeyListing]:
+        """`keys` with the tokens each settled in `period` (YYYY-MM) and its last use."""
+        counters = {k.id: f"{key_monthly_counter(k.id)}:{period}" for k in keys}
+        spent = await self._usage.read_settled(counters.values())
+        used = await self._keys.last_used([k.id for k in keys])
+        return [KeyListing(k, spent.get(counters[k.id], 0), used.get(k.id)) for k in keys]
+
+    async def change(self, actor: Actor, ref: str, **settings: Any) -> ApiKey:
+        """Changes the name, limits or scopes; only what is given (None clears a limit)."""
+        key = await self.get(actor, ref)
+        if key.state == "revoked" and not actor.is_operator:
+            raise KeyRevoked(f"key {key.prefix} is revoked; a revoked key does not change")
+        unknown = set(settings) - set(KEY_LIMIT_FIELDS) - {"name", "scopes"}
+        if unknown:
+            raise ValueError(f"unknown key settings: {sorted(unknown)}")
+        if not settings:
+            return key
+        self._check(actor, await self._accounts.get(key.account_id), settings)
+        stored = dict(settings)
+        if "scopes" in stored:
+            stored["scopes"] = ",".join(stored["scopes"])
+        changes = {k: (sorted(v) if k == "scopes" else v) for k, v in settings.items()}
+        event = KeyEvent(actor.id, "set", changes)
+        return await self._keys.set_limits(key.id, event, **stored)
+
+    async def set_state(self, actor: Actor, ref: str, state: str) -> ApiKey:
+        """Pauses (`paused`), resumes (`active`) or revokes (`revoked`, for good) a key."""
+        key = await self.get(actor, ref)
+        if state not in _ACTIONS:
+            raise ValueError(f"state must be one of {sorted(_ACTIONS)}")
+        event = KeyEvent(actor.id, _ACTIONS[state], {"state": state})
+        try:
+            return await self._keys.set_state(key.id, state, event)
+        except ConflictError as error:
+            raise KeyRevoked(str(error)) from None
+
+    async def log(
+        self, account_ref: str | None = None, key_ref: str | None = None, limit: int = 100
+    ) -> list[KeyEventRow]:
+        """The audit trail (the operator's view): of an account, of a key, or of everything."""
+        account_id = (await self._accounts.get(account_ref)).id if account_ref else None
+        key_id = (await self._keys.get(key_ref)).id if key_ref else None
+        return await self._events.list(account_id=account_id, key_id=key_id, limit=limit)
