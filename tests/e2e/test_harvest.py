@@ -20,12 +20,15 @@ import torch
 from safetensors.torch import load
 
 from tests.harness import MODEL_ID
+from tests.reference import assert_rows_close
 from vllm_acs.client import decode_residual_stream
 
 pytestmark = pytest.mark.e2e
 
 CONTEXT = 2048  # the harness serves --max-model-len 2048
 LAYERS = [0, 2, 3]
+LONG_PROMPT = 39  # the last of _prompts(): longer than the context
+LONG_PROMPT_ROW_TOLERANCE = 0.02  # relative L2 error per row
 
 
 def _prompts() -> list[Any]:
@@ -151,8 +154,17 @@ def test_every_shard_tensor_equals_the_inline_capture(harvested):
         assert inline.status_code == 200, inline.text
         expected = decode_residual_stream(inline.json())  # float32, exact bf16 values
         got = tensors[f"prompt_{index}"].float().numpy()
-        assert got.shape == expected.shape, index
-        np.testing.assert_array_equal(got, expected, err_msg=f"prompt {index}")
+        if index < LONG_PROMPT:
+            assert_rows_close(got, expected, f"prompt {index}")
+            continue
+        # The long prompt's 2,047 tokens fill the node's 2,048-token step alone, but share the
+        # harvest's steps with other prompts: chunked prefill cuts them where the budget ran out
+        # then (which depends on timing), and a cut prompt is computed in other shapes, so bf16
+        # rounds its later rows further apart. Measured with a cut at 1,024: row 0 exact, rows
+        # from 717 on off by up to 0.0076 (relative L2), 0.0625 at most in one value (the
+        # figure of CI's failure). The bound is below the hook tests' vLLM-versus-transformers
+        # one.
+        assert_rows_close(got, expected, "the long prompt", LONG_PROMPT_ROW_TOLERANCE)
 
 
 def test_stats_equal_numpy_over_the_shards_without_bos(harvested):

@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 from safetensors.torch import load
 
+from tests.e2e.crashed_node import RESTARTED_LEASE_MS, crash_node, read_sqlite
 from tests.e2e.jobs_client import wait_harvest_ended
-from tests.harness import MODEL_ID, ServerProcess, sigkill_group, started
+from tests.harness import MODEL_ID, sigkill_group, started
+from tests.reference import assert_rows_close
 
 pytestmark = pytest.mark.e2e
 
@@ -29,14 +31,8 @@ N_SHARDS = N_PROMPTS // SHARD_SIZE
 KILL_AFTER_SHARDS = 3
 
 
-def _node(model_dir: Path, home: Path, name: str) -> ServerProcess:
-    env = {
-        "VLLM_ACS_HOME": str(home),
-        "VLLM_ACS_JOB_LEASE_MS": "3000",
-        # Two prompts in the engine at a time: the harvest takes seconds, the kill lands inside.
-        "VLLM_ACS_HARVEST_PROMPTS_IN_FLIGHT": "2",
-    }
-    return ServerProcess(model_dir=model_dir, log_path=home / f"{name}.log", env=env)
+# Two prompts in the engine at a time: the harvest takes seconds, the kill lands inside.
+IN_FLIGHT = {"VLLM_ACS_HARVEST_PROMPTS_IN_FLIGHT": "2"}
 
 
 def _body() -> dict[str, Any]:
@@ -54,23 +50,21 @@ def _manifest(home: Path, job_id: str) -> dict[str, Any] | None:
     return json.loads(path.read_bytes()) if path.exists() else None
 
 
-def _usage(home: Path, job_id: str) -> list[tuple[str, int]]:
-    conn = sqlite3.connect(home / "vllm-acs.sqlite3", timeout=10)
-    try:
-        return conn.execute(
-            "SELECT request_id, prompt_tokens FROM usage_rows WHERE request_id LIKE ? "
-            "ORDER BY request_id",
-            (f"{job_id}-shard-%",),
-        ).fetchall()
-    finally:
-        conn.close()
+def _usage(home: Path, job_id: str) -> list[sqlite3.Row]:
+    """(request_id, prompt_tokens) of the harvest's shard charges, in shard order."""
+    return read_sqlite(
+        home,
+        "SELECT request_id, prompt_tokens FROM usage_rows WHERE request_id LIKE ? "
+        "ORDER BY request_id",
+        f"{job_id}-shard-%",
+    )
 
 
 def test_a_killed_harvest_resumes_after_its_last_shard_and_matches_an_uninterrupted_run(
     tiny_model_dir, tmp_path_factory
 ):
     home = tmp_path_factory.mktemp("harvest-crash-home")
-    first = _node(tiny_model_dir, home, "node-first")
+    first = crash_node(tiny_model_dir, home, "node-first", env=IN_FLIGHT)
     with started(first):
         key = first.create_key("harvest-crash")
         auth = {"Authorization": f"Bearer {key}"}
@@ -93,7 +87,9 @@ def test_a_killed_harvest_resumes_after_its_last_shard_and_matches_an_uninterrup
     assert KILL_AFTER_SHARDS <= done_at_kill < N_SHARDS, done_at_kill
     charged_at_kill = len(_usage(home, job_id))
 
-    second = _node(tiny_model_dir, home, "node-second")
+    second = crash_node(
+        tiny_model_dir, home, "node-second", lease_ms=RESTARTED_LEASE_MS, env=IN_FLIGHT
+    )
     with started(second), httpx.Client(base_url=second.base_url, headers=auth, timeout=120) as c:
         job = wait_harvest_ended(c, job_id, [second])
         assert job["status"] == "done", (job, second.log_tail())
@@ -112,17 +108,33 @@ def test_a_killed_harvest_resumes_after_its_last_shard_and_matches_an_uninterrup
         assert wait_harvest_ended(c, reference_id, [second])["status"] == "done"
 
     resumed, uninterrupted = _files(home, job_id), _files(home, reference_id)
+    rows_identical = True
     for number in range(N_SHARDS):
         name = f"shard_{number:05d}.safetensors"
         got, want = load((resumed / name).read_bytes()), load((uninterrupted / name).read_bytes())
         assert got.keys() == want.keys(), name
         for tensor in want:
-            assert got[tensor].equal(want[tensor]), (name, tensor)
+            if tensor.startswith("tokens_"):
+                assert got[tensor].equal(want[tensor]), (name, tensor)
+                continue
+            # Which prompts share a step differs between the runs (two in flight, timing), and
+            # vLLM's kernels are not batch-invariant: rows may round a bf16 step apart.
+            assert_rows_close(got[tensor].float().numpy(), want[tensor].float().numpy(), tensor)
+            rows_identical = rows_identical and bool(got[tensor].equal(want[tensor]))
     got_stats = load((resumed / "stats.safetensors").read_bytes())
     want_stats = load((uninterrupted / "stats.safetensors").read_bytes())
     assert got_stats.keys() == want_stats.keys()
     for name in want_stats:
-        assert got_stats[name].equal(want_stats[name]), name  # merged exactly, not approximately
+        if rows_identical:  # the usual case: merged exactly, not approximately
+            assert got_stats[name].equal(want_stats[name]), name
+        else:
+            np.testing.assert_allclose(
+                got_stats[name].numpy(),
+                want_stats[name].numpy(),
+                rtol=1e-3,
+                atol=1e-4,
+                err_msg=name,
+            )
     manifest, reference_manifest = _manifest(home, job_id), _manifest(home, reference_id)
     assert manifest is not None and reference_manifest is not None
     assert manifest["shards"] == reference_manifest["shards"]

@@ -4,10 +4,10 @@ upstream_deadline` (before the commit) or as that envelope in the 200's body, it
 aborted and its hold settled either way; and without keepalive the proxy cuts a silent request.
 
 Two nodes, started at once (~70 s for one alone on this 2-CPU box, ~120 s for the two): one with
-the keepalive (after 0.3 s, every 0.2 s; a 15 s window) and one without (keepalive off; a 3 s
-window). Measured here (the tiny model, temperature 0, a 4-token prompt): max_tokens 500 took
-2.2 s, 1000 took 4.6 s, 2000 took 13 s with one other node's tests running beside; 1000 took
-8-10 s with both nodes of this module up and those tests. 16 choices of 2000 run far past 15 s.
+the keepalive (after 0.5 s, every 0.2 s; a 20 s window) and one without (keepalive off; a 6 s
+window). Measured here (the tiny model, temperature 0, a 4-token prompt): max_tokens 450 took
+2.3-3.3 s on a quiet host; 500 took 2.2 s, 1000 took 4.6 s, 2000 took 13 s with one other node's
+tests running beside. 16 choices of 2000 took 18.6 s on a quiet host, 43.7 s with 5 logprobs each.
 """
 
 from __future__ import annotations
@@ -28,14 +28,22 @@ from tests.nginx import Nginx, running_nginx
 pytestmark = pytest.mark.e2e
 
 PROXY_READ_TIMEOUT_S = 1.0
-# Past LONG (below), short of PAST_ANY_WINDOW: 32,000 tokens took 15.3 s here on an AMX machine,
-# and once less than a 15 s window (the answer then came whole, no 504): 10 s leaves a margin.
-KEEPALIVE_WINDOW_S = 10.0
+# Past LONG (below), short of PAST_ANY_WINDOW. LONG's time is the engine's speed, which differs
+# between hosts by more than 3x: 450 tokens took 2.3 s on a quiet host here and over 7 s on a slow
+# CI host (its answer was the window's envelope). The window therefore leaves LONG a wide margin,
+# and PAST_ANY_WINDOW is made slow by its logprobs rather than by its length alone.
+KEEPALIVE_WINDOW_S = 20.0
 SILENT_WINDOW_S = 6.0  # well past the proxy's 1 s, also on a loaded machine
-# Past the proxy's timeout, well inside the 10 s window (2-3 s alone here, ~7 s loaded).
-LONG = {"model": MODEL_ID, "prompt": "The sky is", "temperature": 0, "max_tokens": 700}
-# Far past every window here (vLLM takes n > 1 only when sampling).
-PAST_ANY_WINDOW = {**LONG, "temperature": 1.0, "max_tokens": 2000, "n": 16}
+# The first keepalive byte must beat the proxy's 1 s; a quick answer (a few tokens on a warm node)
+# must beat the first keepalive byte. CI once took over 0.3 s for a node's first 5 tokens; here a
+# node's first 5 took 0.11 s, later ones 0.06-0.18 s (the `keys` fixture warms each node).
+KEEPALIVE_AFTER_S = 0.5
+# Past the proxy's timeout (1.3 s) on the fastest host seen (about 2x this one), inside the window.
+LONG = {"model": MODEL_ID, "prompt": "The sky is", "temperature": 0, "max_tokens": 600}
+# Far past every window: 16 x 2,000 tokens took 18.6 s here without logprobs (under 10 s once on a
+# fast host), 43.7 s with 5 logprobs; 20 logprobs cost more still (vLLM takes n > 1 only when
+# sampling).
+PAST_ANY_WINDOW = {**LONG, "temperature": 1.0, "max_tokens": 2000, "n": 16, "logprobs": 20}
 
 
 def _start_together(servers: list[ServerProcess]) -> None:
@@ -66,7 +74,7 @@ def nodes(
     settings = {
         "keepalive": {
             "VLLM_ACS_REQUEST_WINDOW_S": str(KEEPALIVE_WINDOW_S),
-            "VLLM_ACS_KEEPALIVE_AFTER_S": "0.3",
+            "VLLM_ACS_KEEPALIVE_AFTER_S": str(KEEPALIVE_AFTER_S),
             "VLLM_ACS_KEEPALIVE_EVERY_S": "0.2",
         },
         "silent": {
@@ -93,8 +101,21 @@ def nodes(
 
 @pytest.fixture(scope="module")
 def keys(nodes: dict[str, ServerProcess]) -> dict[str, str]:
-    """One key per node with a single running slot: a hold that did not settle blocks the next."""
-    return {name: node.create_key("window", "--max-running", "1") for name, node in nodes.items()}
+    """One key per node with a single running slot: a hold that did not settle blocks the next.
+
+    Each key makes one request straight to its node first, so that a node's first-request costs
+    are not in any test's timings."""
+    keys = {name: node.create_key("window", "--max-running", "1") for name, node in nodes.items()}
+    for name, node in nodes.items():
+        warm = httpx.post(
+            f"{node.base_url}/v1/completions",
+            json={**LONG, "max_tokens": 5},
+            headers=_headers(keys[name], f"warm-{name}"),
+            timeout=60,
+            trust_env=False,
+        )
+        assert warm.status_code == 200, warm.text
+    return keys
 
 
 @pytest.fixture(scope="module")
