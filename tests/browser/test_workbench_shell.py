@@ -42,7 +42,8 @@ def test_the_page_and_its_files_load_without_a_key_under_strict_headers(acs_serv
 def test_a_wrong_key_shows_the_spec_code_and_nothing_is_kept(open_page, workbench_url):
     watched = open_page()
     page = watched.page
-    page.goto(workbench_url)
+    page.goto(workbench_url + "/")  # the folder address a person may type: redirected
+    assert page.url == workbench_url
     page.get_by_label("API key").fill("acs-not-a-real-key")
     page.get_by_role("button", name="Sign in").click()
     alert = page.get_by_role("alert")

@@ -60,6 +60,7 @@ PUBLIC = {
     "/static/swagger-ui-bundle.js": {"GET", "HEAD"},
     "/static/swagger-ui.css": {"GET", "HEAD"},
     "/workbench": {"GET", "HEAD"},
+    "/workbench/": {"GET", "HEAD"},  # redirected to /workbench
     "/workbench/x": {"GET", "HEAD"},
 }
 # Routes vLLM 0.32 and 0.33 register depending on flags, tasks and environment.
@@ -81,7 +82,7 @@ STATIC_DOCS = ("/static/swagger-ui-bundle.js", "/static/swagger-ui.css")
 MADE_UP = (
     "/", "/made-up", "/v2/completions", "/invocations/", "/v1/completions/", "//v1/completions",
     "/v1", "/v1/", "/metrics/x", "/healthz", "/HEALTH", "/docs/x", "/v1/models/x/y", "/redoc",
-    "/v1/models/x/status/x", "/workbench/", "/workbench/x/y", "/workbench/../invocations",
+    "/v1/models/x/status/x", "/workbench//", "/workbench/x/y", "/workbench/../invocations",
     "/static/x.js",
     "/static/../invocations", "/v1/completions%2Frender",
 )  # fmt: skip
@@ -182,6 +183,8 @@ def test_the_public_surface_outside_v1_needs_no_key(acs_server):
         assert response.status_code == 200, path
         assert response.headers["x-request-id"]
     assert httpx.head(f"{acs_server.base_url}/health").status_code == 200
+    folder = httpx.get(f"{acs_server.base_url}/workbench/")
+    assert (folder.status_code, folder.headers["location"]) == (308, "/workbench")
 
 
 def test_invocations_never_produce_a_completion(acs_server, api_key):

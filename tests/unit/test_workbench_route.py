@@ -37,6 +37,18 @@ def test_every_file_of_the_page_is_served_with_its_type_and_the_strict_headers()
     assert answer.headers["x-frame-options"] == "DENY"
 
 
+def test_the_folder_address_redirects_to_the_page():
+    client = _client()
+    answer = client.get("/workbench/", follow_redirects=False)
+    assert answer.status_code == 308
+    assert answer.headers["location"] == "/workbench"
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    kept = client.get("/workbench/?lane=2", follow_redirects=False)
+    assert kept.headers["location"] == "/workbench?lane=2"
+    page = client.get("/workbench/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
 def test_a_name_that_is_not_a_file_of_the_page_is_a_404():
     client = _client()
     for name in ("nope.js", "__init__.py", "assets.py", "index.htm"):
@@ -65,7 +77,7 @@ def test_the_gate_closes_the_workbench_when_the_operator_does():
     app = json_app(200, {"ok": True})
     opened = RouteGateMiddleware(app, Surface())
     closed = RouteGateMiddleware(app, Surface(workbench=False))
-    for path in ("/workbench", "/workbench/app.js"):
+    for path in ("/workbench", "/workbench/", "/workbench/app.js"):
         assert request(opened, "GET", path).status_code == 200
         assert request(closed, "GET", path).status_code == 404
     assert request(opened, "POST", "/workbench").status_code == 405

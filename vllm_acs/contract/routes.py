@@ -83,6 +83,7 @@ PUBLIC_NODE_ROUTES: tuple[PublicRoute, ...] = (
 # them (every API call the page makes carries one). An operator closes it with `workbench=false`.
 WORKBENCH_ROUTES: tuple[PublicRoute, ...] = (
     _route("/workbench", "GET"),
+    _route("/workbench/", "GET"),  # redirected to /workbench
     _route("/workbench/{asset}", "GET"),
 )
 

@@ -1,5 +1,6 @@
-"""GET /workbench (the page) and GET /workbench/{asset} (its files). No key is needed to load them:
-every API call the page makes carries the key its user signed in with.
+"""GET /workbench (the page) and GET /workbench/{asset} (its files); /workbench/ redirects to the
+page. No key is needed to load them: every API call the page makes carries the key its user
+signed in with.
 
 API server process. Closed by the route gate when the operator sets `workbench=false`.
 """
@@ -7,7 +8,7 @@ API server process. Closed by the route gate when the operator sets `workbench=f
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 
 from ...errors import NotFound
 from ..error_response import error_response
@@ -30,6 +31,13 @@ def build_router(feedback_url: str | None) -> APIRouter:
     @router.get(PAGE_PATH, include_in_schema=False)
     async def workbench_page(request: Request) -> Response:
         return serve(request, INDEX)
+
+    @router.get(PAGE_PATH + "/", include_in_schema=False)
+    async def workbench_folder(request: Request) -> Response:
+        # The page's own address has no slash: its files load relative to it.
+        query = request.url.query
+        target = PAGE_PATH + (f"?{query}" if query else "")
+        return RedirectResponse(target, status_code=308, headers=SECURITY_HEADERS)
 
     @router.get(PAGE_PATH + "/{asset}", include_in_schema=False)
     async def workbench_asset(request: Request, asset: str) -> Response:
