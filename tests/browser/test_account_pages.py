@@ -115,7 +115,14 @@ def test_dashboard_create_copy_sign_in_pause_resume_revoke_and_usage(
     expect(monthly).to_have_attribute(
         "aria-valuetext", re.compile(f"^{spent} tokens spent"), timeout=REFRESH_WAIT_MS
     )
-    expect(page.get_by_role("img", name=re.compile(f"{MODEL} {spent}"))).to_be_visible()
+    chart = page.get_by_role("img", name=re.compile(f"{MODEL} {spent}"))
+    expect(chart).to_be_visible()
+    # Drawn at its card's width (not scaled, so its text keeps its size), filling the card.
+    card = page.get_by_role("region", name="This month's tokens per day").bounding_box()
+    drawn = chart.bounding_box()
+    assert card is not None and drawn is not None
+    assert drawn["width"] >= card["width"] - 48, (drawn, card)
+    assert abs(chart.evaluate("e => e.viewBox.baseVal.width") - drawn["width"]) <= 1
     (day,) = usage["days"]
     table = page.get_by_role("table", name=re.compile("Tokens per day and model"))
     # Day, model, prompt tokens, completion tokens, requests.

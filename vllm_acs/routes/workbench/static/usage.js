@@ -84,8 +84,13 @@ function niceMax(value) {
   return step * power;
 }
 
+// The chart is drawn at its box's width in CSS pixels (its text stays 13 px and its height stays
+// put on a wide screen), never narrower than this: a narrower box scales it down.
+const CHART_MIN_WIDTH = 480;
+const CHART_FALLBACK_WIDTH = 760; // a box not laid out yet
+
 /** This month's tokens per UTC day: one bar per day, stacked by model (one colour each). */
-function chart(usage) {
+function chart(usage, boxWidth) {
   const days = daysOfMonth(usage.period);
   const models = [...new Set(usage.days.map((d) => d.model ?? "(none)"))].sort();
   const perDay = new Map(); // date -> Map(model -> tokens)
@@ -97,7 +102,8 @@ function chart(usage) {
   }
   const dayTotal = (date) => [...(perDay.get(date)?.values() ?? [])].reduce((a, b) => a + b, 0);
   const top = niceMax(Math.max(0, ...days.map(dayTotal)));
-  const [width, height, left, right, topPad, bottom] = [760, 270, 64, 12, 14, 48];
+  const width = Math.max(CHART_MIN_WIDTH, Math.round(boxWidth) || CHART_FALLBACK_WIDTH);
+  const [height, left, right, topPad, bottom] = [270, 64, 12, 14, 48];
   const slot = (width - left - right) / days.length;
   const x = (i) => left + slot * i;
   const y = (v) => topPad + (height - topPad - bottom) * (1 - v / top);
@@ -225,6 +231,16 @@ export function mount(main, context) {
 
   let stopped = false;
   let timer = null;
+  let shown = null; // the usage the chart shows: redrawn when its box changes width
+  let drawnWidth = 0;
+  function drawChart() {
+    drawnWidth = chartBox.clientWidth;
+    chartBox.replaceChildren(chart(shown, drawnWidth));
+  }
+  const resized = new ResizeObserver(() => {
+    if (shown && Math.abs(chartBox.clientWidth - drawnWidth) > 8) drawChart();
+  });
+  resized.observe(chartBox);
   async function load() {
     clearTimeout(timer);
     try {
@@ -233,7 +249,8 @@ export function mount(main, context) {
       alert.hidden = true;
       meters.replaceChildren(...usage.budgets.map(meter), meter(usage.activation_requests));
       trafficBox.replaceChildren(traffic(usage));
-      chartBox.replaceChildren(chart(usage));
+      shown = usage;
+      drawChart();
       tableBox.replaceChildren(dayTable(usage));
       updated.textContent = `Updated ${new Date().toLocaleTimeString()}`;
     } catch (error) {
@@ -248,6 +265,7 @@ export function mount(main, context) {
     unmount() {
       stopped = true;
       clearTimeout(timer);
+      resized.disconnect();
     },
   };
 }
