@@ -126,8 +126,9 @@ def test_a_loom_grown_navigated_edited_split_pruned_replayed_scored_and_exported
     facts = page.locator(".facts")
     for shown in (MODEL_ID, CHECKPOINT, str(SEED), "max_tokens 8"):
         expect(facts).to_contain_text(shown)
-    page.keyboard.press("g")
-    expect(page.get_by_role("button", name="Branch from here")).to_be_enabled()
+    with page.expect_response(lambda r: r.url.endswith("/branch")) as again:
+        page.keyboard.press("g")
+    assert "event: done" in again.value.text()  # read to its end: the branch has landed
     nodes = nodes_of(api, loom_id)
     grandchildren = nodes[a_id]["children"]
     assert len(grandchildren) == 2 and len(nodes) == 5

@@ -74,6 +74,7 @@ def test_a_paused_or_revoked_key_is_refused_with_its_code(
         headers={"Authorization": f"Bearer {record['key']}"},
         timeout=30,
     ).json()["error"]
+    assert answer["code"] == {"pause": "key_disabled", "revoke": "key_revoked"}[action]
     assert answer["code"] in shown and answer["message"] in shown
 
 

@@ -34,7 +34,7 @@ def test_every_file_of_the_page_is_served_with_its_type_and_the_strict_headers()
         assert answer.headers["x-content-type-options"] == "nosniff"
     page = client.get("/workbench")
     assert page.headers["content-type"].startswith("text/html")
-    assert answer.headers["x-frame-options"] == "DENY"
+    assert page.headers["x-frame-options"] == "DENY"
 
 
 def test_the_folder_address_redirects_to_the_page():
