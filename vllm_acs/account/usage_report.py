@@ -15,18 +15,14 @@ from typing import Any
 
 from ..principal import Principal
 from ..storage.counters import Counters
-from ..storage.periods import ACTIVATION_QUOTA, all_lines, counter_with_period, month_of
+from ..storage.periods import (
+    ACTIVATION_QUOTA,
+    all_lines,
+    counter_with_period,
+    line_limits,
+    month_of,
+)
 from ..storage.usage import UsageRepository
-
-# The budgets a key is checked against, in the order the spec names them, with its limit.
-_LIMITS = {
-    "key_monthly": lambda limits: limits.monthly_tokens,
-    "key_daily": lambda limits: limits.daily_tokens,
-    "key_monthly_input": lambda limits: limits.monthly_input_tokens,
-    "key_monthly_output": lambda limits: limits.monthly_output_tokens,
-    "account_monthly": lambda limits: limits.account_monthly_tokens,
-    ACTIVATION_QUOTA: lambda limits: limits.monthly_activation_requests,
-}
 
 
 def resets_at(granularity: str, now: datetime) -> datetime:
@@ -46,18 +42,18 @@ def _unix(moment: datetime) -> int:
 async def usage_report(
     principal: Principal, counters: Counters, usage: UsageRepository, now: datetime
 ) -> dict[str, Any]:
-    limits = principal.limits
+    limits = line_limits(principal, activation=True)  # the report shows the quota too
     lines = [
         (name, counter_with_period(counter, granularity, now), granularity, kind)
         for name, counter, granularity, kind in all_lines(principal.key_id, principal.account_id)
     ]
-    limited = [counter for name, counter, _, _ in lines if _LIMITS[name](limits) is not None]
+    limited = [counter for name, counter, _, _ in lines if limits[name] is not None]
     live = await counters.budget_state(limited)
     settled = await usage.read_settled(c for _, c, _, _ in lines if c not in live)
     budgets: list[dict[str, Any]] = []
     activations: dict[str, Any] = {}
     for name, counter, granularity, kind in lines:
-        limit = _LIMITS[name](limits)
+        limit = limits[name]
         if counter in live:
             state = live[counter]
             spent, held = state.settled, state.held

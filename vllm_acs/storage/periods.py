@@ -70,11 +70,11 @@ def all_lines(key_id: str, account_id: str) -> list[tuple[str, str, str, BudgetK
     ]
 
 
-def budget_lines(principal: Principal, *, activation: bool = False) -> list[BudgetLine]:
-    """The budgets that apply to `principal` (those with a limit), in the order they are named;
-    the activation quota only for an activation request."""
+def line_limits(principal: Principal, *, activation: bool) -> dict[str, int | None]:
+    """Each budget line's limit for `principal` (None: no cap); the activation quota's only when
+    `activation`."""
     limits = principal.limits
-    by_name = {
+    return {
         "key_monthly": limits.monthly_tokens,
         "key_daily": limits.daily_tokens,
         "key_monthly_input": limits.monthly_input_tokens,
@@ -82,6 +82,12 @@ def budget_lines(principal: Principal, *, activation: bool = False) -> list[Budg
         "account_monthly": limits.account_monthly_tokens,
         ACTIVATION_QUOTA: limits.monthly_activation_requests if activation else None,
     }
+
+
+def budget_lines(principal: Principal, *, activation: bool = False) -> list[BudgetLine]:
+    """The budgets that apply to `principal` (those with a limit), in the order they are named;
+    the activation quota only for an activation request."""
+    by_name = line_limits(principal, activation=activation)
     return [
         BudgetLine(name, counter, granularity, kind, by_name[name])  # type: ignore[arg-type]
         for name, counter, granularity, kind in all_lines(principal.key_id, principal.account_id)

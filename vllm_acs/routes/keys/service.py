@@ -11,8 +11,8 @@ from datetime import datetime
 from typing import Any
 
 from ...account.key_manager import (
+    BUDGET_FIELDS,
     Actor,
-    BudgetAboveAccount,
     KeyManager,
     KeyNotFound,
     KeyRefused,
@@ -31,7 +31,6 @@ from ..looms.service import json_of
 from .protocol import ApiKeyList, ApiKeyView, CreatedApiKey, KeyBudgets, KeyCreateBody, KeyPatchBody
 
 KEYS_PATH = "/v1/keys"
-_BUDGETS = ("monthly_tokens", "daily_tokens", "monthly_input_tokens", "monthly_output_tokens")
 
 
 def _unix(moment: datetime | None) -> int | None:
@@ -45,7 +44,7 @@ def key_view(key: ApiKey, month_spend: int, last_used_at: datetime | None) -> Ap
         prefix=key.prefix,
         state=key.state,  # type: ignore[arg-type]
         scopes=list(key.scopes),
-        budgets=KeyBudgets(**{f: getattr(key, f) for f in _BUDGETS}),
+        budgets=KeyBudgets(**{f: getattr(key, f) for f in BUDGET_FIELDS}),
         month_spend=month_spend,
         created_at=_unix(key.created_at),
         last_used_at=_unix(last_used_at),
@@ -58,7 +57,7 @@ def _as_acs_error(error: Exception, key_id: str | None = None) -> Exception:
         return KeyNotFoundError(f"No API key '{key_id}' in this account.", param="key_id")
     if isinstance(error, ScopeEscalation):
         return ScopeDenied(str(error), param=error.field)
-    if isinstance(error, (BudgetAboveAccount, KeyRefused)):
+    if isinstance(error, KeyRefused):  # BudgetAboveAccount among them
         return InvalidRequest(str(error), param=error.field)
     if isinstance(error, KeyRevoked):
         return KeyNotChangeable(f"API key '{key_id}' is revoked; revoking is for good.")
@@ -87,7 +86,7 @@ class KeyService:
 
     async def create(self, raw: bytes, principal: Principal) -> Answer:
         body = parse_body(KeyCreateBody, json_of(raw))
-        limits = {f: getattr(body, f) for f in _BUDGETS}
+        limits = {f: getattr(body, f) for f in BUDGET_FIELDS}
         scopes = tuple(dict.fromkeys(body.scopes)) if body.scopes is not None else None
         try:
             key, secret = await self._manager.create(
@@ -109,8 +108,8 @@ class KeyService:
         if "name" in given and body.name is None:
             raise InvalidRequest("'name' must be a string of 1-200 characters.", param="name")
         if "state" in given and body.state is None:
-            raise InvalidRequest("'state' is active or paused.", param="state")
-        settings = {f: getattr(body, f) for f in (*_BUDGETS, "name") if f in given}
+            raise InvalidRequest('\'state\' must be "active" or "paused".', param="state")
+        settings = {f: getattr(body, f) for f in (*BUDGET_FIELDS, "name") if f in given}
         actor = Actor.of_key(principal)
         try:
             key = await self._manager.get(actor, key_id)

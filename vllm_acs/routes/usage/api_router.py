@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from ...account.usage_report import usage_report
-from ...errors import AcsError
 from ...storage import Storage
-from ..answers import principal_of
-from ..error_response import error_response
+from ..answers import answer_of, principal_of
 from .protocol import UsageReport
 
 USAGE_PATH = "/v1/usage"
@@ -23,15 +22,15 @@ def build_router(storage: Callable[[], Storage | None], clock: Callable[[], date
 
     @router.get(USAGE_PATH)
     async def usage(request: Request) -> Response:
-        opened = storage()
-        try:
+        async def report() -> dict[str, Any]:
+            opened = storage()
             if opened is None:
                 raise RuntimeError("vllm_acs usage: storage is not open (init_state did not run)")
-            report = await usage_report(
+            found = await usage_report(
                 principal_of(request), opened.counters, opened.usage, clock()
             )
-        except AcsError as error:
-            return error_response(request, error)
-        return JSONResponse(UsageReport.model_validate(report).model_dump())
+            return UsageReport.model_validate(found).model_dump()
+
+        return await answer_of(request, report)
 
     return router
