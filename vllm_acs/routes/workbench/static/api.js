@@ -21,6 +21,11 @@ export class ApiError extends Error {
   }
 }
 
+/** Any failure as one line for a person: an ApiError described, anything else its message. */
+export function describeError(error) {
+  return error instanceof ApiError ? error.describe() : String(error?.message ?? error);
+}
+
 export function isAbort(error) {
   return error?.name === "AbortError";
 }
@@ -43,7 +48,7 @@ async function errorFrom(response) {
   return new ApiError({
     status: response.status,
     code: envelope.code ?? `http_${response.status}`,
-    message: envelope.message ?? response.statusText ?? "The node answered an error.",
+    message: envelope.message || response.statusText || "The node answered an error.",
     requestId,
     retryAfter,
   });

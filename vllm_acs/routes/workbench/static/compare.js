@@ -4,6 +4,7 @@
 // model is not warm. Every Run all is saved on the server once its lanes have ended (the newest
 // 20 are kept) and Restore brings back the prompt, the lanes and every output (history.js).
 
+import { describeError } from "./api.js";
 import { el, formatTime } from "./dom.js";
 import { heatLegend } from "./heatmap.js";
 import * as history from "./history.js";
@@ -240,7 +241,7 @@ export function createCompare(context, modelStatus) {
       await history.prune(client, history.KINDS.compare, history.KEEP.compare);
       notice.textContent = `Saved in the Compare history (${formatTime(loom.created_at)}).`;
     } catch (error) {
-      notice.textContent = `Not saved on the server: ${error.describe?.() ?? error}`;
+      notice.textContent = `Not saved on the server: ${describeError(error)}`;
     }
     await refresh();
   }
@@ -259,7 +260,7 @@ export function createCompare(context, modelStatus) {
       notice.textContent = `Restored the run of ${formatTime(entry.created_at)}: ${loaded.lanes.length} lanes.`;
       modelStatus.check(lanes[0]?.model.value);
     } catch (error) {
-      notice.textContent = error.describe?.() ?? String(error);
+      notice.textContent = describeError(error);
     }
   }
 
@@ -274,7 +275,7 @@ export function createCompare(context, modelStatus) {
         )
       );
     } catch (error) {
-      box.replaceChildren(el("li", { class: "error" }, error.describe?.() ?? String(error)));
+      box.replaceChildren(el("li", { class: "error" }, describeError(error)));
     }
   }
 
@@ -284,7 +285,7 @@ export function createCompare(context, modelStatus) {
     try {
       entries = found ? found.compare : await history.list(client, history.KINDS.compare);
     } catch (error) {
-      notice.textContent = `History could not be read: ${error.describe?.() ?? error}`;
+      notice.textContent = `History could not be read: ${describeError(error)}`;
       return;
     }
     historyList.replaceChildren(

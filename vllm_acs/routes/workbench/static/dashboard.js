@@ -2,7 +2,7 @@
 // shown once, with a copy button), Pause, Resume, and Revoke (confirmed first). A key without
 // the `keys` scope sees only itself (GET /v1/keys answers it 403 scope_denied).
 
-import { ApiError } from "./api.js";
+import { ApiError, describeError } from "./api.js";
 import { el, formatTime } from "./dom.js";
 
 const NUMBER = new Intl.NumberFormat();
@@ -31,7 +31,7 @@ export function mount(main, context) {
   );
 
   function showError(error) {
-    alert.textContent = error instanceof ApiError ? error.describe() : String(error);
+    alert.textContent = describeError(error);
     alert.hidden = false;
   }
 

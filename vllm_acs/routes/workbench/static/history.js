@@ -16,6 +16,7 @@
 // title is the prompt's first line, shortened. See docs/decisions.md, "The Workbench".
 
 import { ApiError } from "./api.js";
+import { fromLoomTokens } from "./heatmap.js";
 import { DEFAULT_CONFIG } from "./sampler.js";
 
 export const PREFIX = "workbench:";
@@ -26,18 +27,9 @@ const TAG_LANE = "workbench:lane";
 const TAG_STATE = "workbench:state=";
 const TAG_SEED_AUTO = "workbench:seed=auto";
 const TAG_HEATMAP = "workbench:heatmap";
-const PARAMETERS = [
-  "max_tokens",
-  "temperature",
-  "top_p",
-  "top_k",
-  "min_p",
-  "presence_penalty",
-  "frequency_penalty",
-  "repetition_penalty",
-  "logprobs",
-  "stop",
-];
+// A run's sampling parameters as recorded: the sampler's fields but the model and the seed (the
+// generation records those apart).
+const PARAMETERS = Object.keys(DEFAULT_CONFIG).filter((name) => name !== "model" && name !== "seed");
 const TITLE_MAX = 200;
 const LIST_PAGES = 20; // 100 Looms a page
 
@@ -186,11 +178,7 @@ function laneFromNode(node) {
       : {
           state,
           text: node.text,
-          tokens: (node.tokens ?? []).map((t) => ({
-            text: t.text ?? "",
-            logprob: t.logprob ?? null,
-            alternatives: (t.top_logprobs ?? []).map((a) => ({ text: a.text, logprob: a.logprob })),
-          })),
+          tokens: fromLoomTokens(node.tokens),
           seed: generation.seed ?? null,
           seedAuto,
           checkpoint: generation.checkpoint ?? null,

@@ -2,7 +2,7 @@
 // title starts with `workbench:` are the single pane's own history: hidden unless the user ticks
 // "Show Workbench history" (remembered in localStorage).
 
-import { ApiError } from "./api.js";
+import { describeError } from "./api.js";
 import { el, formatTime } from "./dom.js";
 import { loomsApi } from "./loom-actions.js";
 import { FileNotJson, jsonFilePicker } from "./loom-files.js";
@@ -16,10 +16,6 @@ export function isWorkbenchLoom(loom) {
 
 export function loomTitle(loom) {
   return loom.title?.trim() ? loom.title : "Untitled loom";
-}
-
-export function describeError(error) {
-  return error instanceof ApiError ? error.describe() : String(error?.message ?? error);
 }
 
 export function mountList(main, context) {

@@ -4,7 +4,7 @@
 // change goes to the API and the page then reads the Loom again, so what it shows is what the
 // node holds; only a streamed branch's text is drawn as it arrives.
 
-import { isAbort } from "./api.js";
+import { describeError, isAbort } from "./api.js";
 import { el } from "./dom.js";
 import { heatLegend } from "./heatmap.js";
 import { loomApi, loomsApi } from "./loom-actions.js";
@@ -13,7 +13,7 @@ import { createChildrenCard } from "./loom-children.js";
 import { FileNotJson, download, fileStem, jsonFilePicker } from "./loom-files.js";
 import { createGraph } from "./loom-graph.js";
 import { bindHotkeys, createLegend } from "./loom-hotkeys.js";
-import { describeError, loomTitle } from "./loom-list.js";
+import { loomTitle } from "./loom-list.js";
 import { LoomModel, preview } from "./loom-model.js";
 import { createNodePanel } from "./loom-node-panel.js";
 import { renderPath } from "./loom-path.js";
@@ -52,7 +52,8 @@ class LoomPage {
     this.busy = false;
     this.alive = true;
     this.leaving = new AbortController(); // stops listening to a branch when the page goes
-    this.dirty = new Set();
+    this.dirty = new Set(); // nodes whose streamed text the next frame draws
+    this.redrawPending = false;
     this.build();
   }
 
@@ -363,8 +364,10 @@ class LoomPage {
   /** Streamed text is drawn once per frame, whatever the number of deltas. */
   redrawSoon(id) {
     this.dirty.add(id);
-    if (this.dirty.size > 1) return;
+    if (this.redrawPending) return;
+    this.redrawPending = true;
     requestAnimationFrame(() => {
+      this.redrawPending = false;
       if (!this.alive) return;
       for (const dirtyId of this.dirty) this.activeView.update(dirtyId);
       this.dirty.clear();

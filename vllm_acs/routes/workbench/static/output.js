@@ -65,7 +65,8 @@ export function createOutput(labelledBy) {
     const parts = [];
     if (run.checkpoint) parts.push(`checkpoint ${run.checkpoint}`);
     if (run.seed !== null && run.seed !== undefined) parts.push(`seed ${run.seed}${run.seedAuto ? " (drawn)" : ""}`);
-    if (run.requestId) parts.push(`request ${run.requestId}`);
+    // A failed run's alert already names its request.
+    if (run.requestId && run.error?.requestId !== run.requestId) parts.push(`request ${run.requestId}`);
     if (heatmap && run.state !== "running" && run.text && !run.tokens.length) {
       parts.push("no logprobs recorded: set Alternatives to 1 or more for the heatmap");
     }

@@ -1,7 +1,7 @@
 // Sign in and out. The key lives in sessionStorage (this tab), or in localStorage only when the
 // user ticks "Remember on this device"; it never goes into a URL, a log or the page's markup.
 
-import { ApiError, createClient } from "./api.js";
+import { createClient, describeError } from "./api.js";
 import { el } from "./dom.js";
 
 const STORAGE_KEY = "vllm-acs.api-key";
@@ -76,7 +76,7 @@ export function renderSignIn(main, onSignedIn) {
       field.value = "";
       onSignedIn(session);
     } catch (failure) {
-      const shown = failure instanceof ApiError ? failure.describe() : String(failure);
+      const shown = describeError(failure);
       error.textContent = shown;
       error.hidden = false;
       field.focus();

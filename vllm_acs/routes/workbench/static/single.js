@@ -2,6 +2,7 @@
 // it; Heatmap colours its tokens. Every run is kept on the server as a past run, and a prompt
 // can be saved (history.js); both lists are the key's, so another browser finds them.
 
+import { describeError } from "./api.js";
 import { el, formatTime } from "./dom.js";
 import { heatLegend } from "./heatmap.js";
 import * as history from "./history.js";
@@ -146,7 +147,7 @@ export function createSingle(context, modelStatus) {
       await history.save(client, kind, history.promptLabel(text), text, lanes);
       if (kind === history.KINDS.run) await history.prune(client, kind, history.KEEP.run);
     } catch (error) {
-      notice.textContent = `Not saved on the server: ${error.describe?.() ?? error}`;
+      notice.textContent = `Not saved on the server: ${describeError(error)}`;
     }
     await refresh();
   }
@@ -181,7 +182,7 @@ export function createSingle(context, modelStatus) {
       notice.textContent = withOutput ? `Opened the run of ${formatTime(entry.created_at)}.` : `Loaded “${entry.label}”.`;
       prompt.focus();
     } catch (error) {
-      notice.textContent = error.describe?.() ?? String(error);
+      notice.textContent = describeError(error);
     }
   }
 
@@ -189,7 +190,7 @@ export function createSingle(context, modelStatus) {
     try {
       await history.remove(client, entry.id);
     } catch (error) {
-      notice.textContent = error.describe?.() ?? String(error);
+      notice.textContent = describeError(error);
     }
     await refresh();
   }
@@ -205,7 +206,7 @@ export function createSingle(context, modelStatus) {
     try {
       found = found ?? (await history.listAll(client));
     } catch (error) {
-      notice.textContent = `History could not be read: ${error.describe?.() ?? error}`;
+      notice.textContent = `History could not be read: ${describeError(error)}`;
       return;
     }
     fill(savedList, found.prompt, "No saved prompts yet: Save prompt keeps one here.", (entry) => [

@@ -2,7 +2,7 @@
 // remaining, resets at), refreshed every few seconds while the page is open, its traffic now,
 // and a chart of this month's tokens per UTC day, one series per model, drawn here as SVG.
 
-import { ApiError } from "./api.js";
+import { describeError } from "./api.js";
 import { el, formatTime } from "./dom.js";
 
 const REFRESH_MS = 5000;
@@ -255,7 +255,7 @@ export function mount(main, context) {
       updated.textContent = `Updated ${new Date().toLocaleTimeString()}`;
     } catch (error) {
       if (stopped) return;
-      alert.textContent = error instanceof ApiError ? error.describe() : String(error);
+      alert.textContent = describeError(error);
       alert.hidden = false;
     }
     if (!stopped) timer = setTimeout(load, REFRESH_MS);
