@@ -42,18 +42,19 @@ def _unix(moment: datetime) -> int:
 async def usage_report(
     principal: Principal, counters: Counters, usage: UsageRepository, now: datetime
 ) -> dict[str, Any]:
-    limits = line_limits(principal, activation=True)  # the report shows the quota too
+    limits = principal.limits
+    line_limit = line_limits(principal, activation=True)  # the report shows the quota too
     lines = [
         (name, counter_with_period(counter, granularity, now), granularity, kind)
         for name, counter, granularity, kind in all_lines(principal.key_id, principal.account_id)
     ]
-    limited = [counter for name, counter, _, _ in lines if limits[name] is not None]
+    limited = [counter for name, counter, _, _ in lines if line_limit[name] is not None]
     live = await counters.budget_state(limited)
     settled = await usage.read_settled(c for _, c, _, _ in lines if c not in live)
     budgets: list[dict[str, Any]] = []
     activations: dict[str, Any] = {}
     for name, counter, granularity, kind in lines:
-        limit = limits[name]
+        limit = line_limit[name]
         if counter in live:
             state = live[counter]
             spent, held = state.settled, state.held
