@@ -81,6 +81,18 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU time (user and system) used so far by the live processes of group `pgid`."""
+    ticks = 0
+    for pid in group_members(pgid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class ServerProcess:
     model_dir: Path
@@ -206,6 +218,22 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{name} is {seen}, not {value}:\n{self.log_tail()}")
             time.sleep(0.2)
+
+    def wait_until_quiet(self, busy_share: float = 0.2, timeout_s: float = 15.0) -> None:
+        """Until the node uses under `busy_share` of one core over half a second.
+
+        After each step vLLM's worker busy-loops (sched_yield) for about 1 s before it sleeps on
+        its queue; on two cores a node doing that slows its neighbour's next request several
+        times over (a 5-token answer took 0.84 s instead of 0.1 s). A test that times a request
+        waits for the other nodes to be quiet first."""
+        assert self.process is not None, "the node is not running"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            used = group_cpu_seconds(self.process.pid)
+            time.sleep(0.5)
+            if group_cpu_seconds(self.process.pid) - used < busy_share * 0.5:
+                return
+            assert time.monotonic() < deadline, f"the node is still busy after {timeout_s:.0f} s"
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
