@@ -364,6 +364,9 @@ def test_the_list_and_a_764_node_socketteer_file_in_the_list_and_graph_views(
     assert axe_violations(watched) == []
     assert depth_of(file) >= 20  # deep enough that the layout's width is exercised
 
+    # Reopened, the Loom shows the view and the Node it was left on.
     page.reload()
     expect(page.get_by_role("button", name="Graph")).to_have_attribute("aria-pressed", "true")
     expect(boxes).to_have_count(NODES)
+    expect(page.locator(".gnode.selected")).to_have_attribute("data-node-id", chain[-2]["id"])
+    assert path_text(page) == "".join(n["text"] for n in chain[:-1])

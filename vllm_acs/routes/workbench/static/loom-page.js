@@ -1,8 +1,9 @@
 // One Loom (#/loom/<id>): the view bar (Export JSON, Export text, Import JSON, the legend), the
-// sidebar (List or Graph, remembered in localStorage), and the centre: the root prompt, the path's
-// text with its heatmap, the selected Node's panel, its children, the branch controls. Every
-// change goes to the API and the page then reads the Loom again, so what it shows is what the
-// node holds; only a streamed branch's text is drawn as it arrives.
+// sidebar (List or Graph), and the centre: the root prompt, the path's text with its heatmap, the
+// selected Node's panel, its children, the branch controls. The chosen view and each Loom's
+// selected Node are remembered in localStorage (loom-place.js). Every change goes to the API and
+// the page then reads the Loom again, so what it shows is what the node holds; only a streamed
+// branch's text is drawn as it arrives.
 
 import { describeError, isAbort } from "./api.js";
 import { el } from "./dom.js";
@@ -17,6 +18,7 @@ import { loomTitle } from "./loom-list.js";
 import { LoomModel, preview } from "./loom-model.js";
 import { createNodePanel } from "./loom-node-panel.js";
 import { renderPath } from "./loom-path.js";
+import { rememberedNode, rememberNode } from "./loom-place.js";
 import { createRootCard } from "./loom-root.js";
 import { createTreeList } from "./loom-tree.js";
 
@@ -45,7 +47,8 @@ class LoomPage {
     this.context = context;
     this.api = api;
     this.model = model;
-    this.selectedId = model.rootId;
+    const remembered = rememberedNode(model.id);
+    this.selectedId = model.node(remembered) ? remembered : model.rootId;
     this.viewName = localStorage.getItem(VIEW_KEY) === "graph" ? "graph" : "list";
     this.heatmap = localStorage.getItem(HEATMAP_KEY) !== "off";
     this.branching = false;
@@ -224,6 +227,7 @@ class LoomPage {
       this.panel.say();
     }
     this.selectedId = id;
+    rememberNode(this.model.id, id);
     this.activeView.select(id, { focus: focus || focusWasInTree });
     this.renderCentre();
   }
@@ -298,6 +302,7 @@ class LoomPage {
     const focusWasInTree = this.treeHost.contains(document.activeElement);
     this.rebuildViews();
     this.selectedId = this.model.node(selectId) ? selectId : this.model.rootId;
+    rememberNode(this.model.id, this.selectedId);
     this.activeView.select(this.selectedId, { focus: focusWasInTree });
     this.renderCentre();
   }
