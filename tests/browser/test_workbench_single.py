@@ -18,7 +18,7 @@ from tests.browser.conftest import (
     sign_in,
     slow_downloads,
 )
-from tests.e2e.account_client import client_for, settled_usage
+from tests.e2e.account_client import client_for
 
 pytestmark = pytest.mark.e2e
 
@@ -163,7 +163,9 @@ def test_a_run_the_budget_cannot_fit_is_refused_not_shortened(open_page, workben
     alert = pane.get_by_role("alert").filter(has_text="budget_exceeded")
     expect(alert).to_be_visible()
     shown = alert.inner_text()
-    assert "asks for up to 100 tokens" in shown and "request " in shown
+    assert "asks for up to 100 tokens per choice" in shown and "request " in shown
+    # The node refused it (the page asks it to refuse, not clamp), saying what would fit.
+    assert "monthly token budget holds only" in shown
     expect(pane.get_by_role("status").filter(has_text="Failed")).to_be_visible()
     assert shown_text(pane.get_by_role("region", name="Completion")) == ""
 
@@ -173,11 +175,12 @@ def test_a_run_the_budget_cannot_fit_is_refused_not_shortened(open_page, workben
     lane = lane_of(read_loom(acs_server, key, saved["id"]))
     assert lane["status"] == "failed" and lane["text"] == ""
     assert lane["error"]["error"]["code"] == "budget_exceeded"
-    # The refused run held the whole budget (the node had clamped it to fit) until the node saw
-    # the page close its stream: a run before that is refused too (seen once in a full run).
+    # The refused run cost nothing and holds nothing: the node refused it before the engine.
     with client_for(acs_server, key) as client:
-        usage = settled_usage(client)
-    assert not any(b["held"] for b in usage["budgets"]), usage
+        answer = client.get("/v1/usage")
+    assert answer.status_code == 200, answer.text
+    budgets = answer.json()["budgets"]
+    assert budgets and all(b["spent"] == 0 and not b["held"] for b in budgets), budgets
 
     # A run that fits the budget runs in full, at a temperature past the slider's 5, with a
     # stop string: what the page sent is what the run records.

@@ -277,6 +277,16 @@ CASES: list[Case] = [
     # headers
     Case("workload header accepted", _p(), request_headers={"X-Acs-Workload": "batch"}),
     Case("no clamp header without a clamp", _p(), absent_headers=("x-acs-max-tokens-clamped",)),
+    Case("budget clamp refused", _p(), request_headers={"X-Acs-Budget-Clamp": "refuse"}),
+    Case("budget clamp allowed", _p(), request_headers={"X-Acs-Budget-Clamp": "allow"}),
+    Case(
+        "budget clamp header of an unknown value",
+        _p(),
+        400,
+        "invalid_request",
+        "X-Acs-Budget-Clamp",
+        request_headers={"X-Acs-Budget-Clamp": "Refuse"},
+    ),
     Case(
         "engine refusal passed on with its code",
         _p(n=2, temperature=0),

@@ -284,6 +284,8 @@ def test_a_job_refuses_where_a_request_would_be_clamped(make_counters: Factory):
         with pytest.raises(BudgetExhausted) as refused:
             await counters.admit(AdmitRequest(who, 10, 3, 17, allow_clamp=False))
         assert refused.value.budget == "key_monthly"
+        # The refusal says what would fit, for the message that tells the caller.
+        assert (refused.value.fits, refused.value.asked) == (16, 17)
         # Nothing held, no slot, no start taken.
         assert await counters.committed(counter) == 40
         assert await counters.committed(f"key:key_t:day:{_day()}") == 0
@@ -317,6 +319,8 @@ def test_a_jobs_refusal_names_the_budget(make_counters: Factory, limits: dict, b
         with pytest.raises(BudgetExhausted) as refused:
             await counters.admit(AdmitRequest(principal(**limits), 5, 1, 10, allow_clamp=False))
         assert refused.value.budget == budget
+        # Each named budget holds 9 of the 10 output tokens asked (after the 5 prompt tokens).
+        assert (refused.value.fits, refused.value.asked) == (9, 10)
         assert await counters.slots("key_t") == (0, 0)
 
     _run(make_counters, body)

@@ -21,9 +21,18 @@ from starlette.routing import Route
 from vllm_acs.contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from vllm_acs.key_auth import KeyAuthPlugin
 from vllm_acs.middleware.admission import AdmissionMiddleware
-from vllm_acs.middleware.asgi import ASGIApp, Receive, Scope, Send, read_body, replay_body
+from vllm_acs.middleware.asgi import (
+    ASGIApp,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    replay_body,
+)
 from vllm_acs.middleware.auth import AuthMiddleware
 from vllm_acs.middleware.request_id import RequestIdMiddleware
+from vllm_acs.middleware.strict_validation import may_clamp_to_budget
 from vllm_acs.plugins import build_plugin_manager
 from vllm_acs.principal import PRINCIPAL_STATE_KEY
 from vllm_acs.served_model import ServedModel
@@ -63,6 +72,7 @@ class FakeValidation:
             max_tokens_source="client" if "max_tokens" in data else "default",
             stream=data.get("stream", False),
             workload=data.get("workload"),
+            may_clamp_to_budget=may_clamp_to_budget(header(scope, b"x-acs-budget-clamp")),
         )
         await self.app(scope, replay_body(body, receive), send)
 

@@ -31,9 +31,10 @@ class Env:
     key: Any
     secret: str
 
-    async def post(self, **body: Any) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {self.secret}", "X-Request-Id": "req-1"}
-        return await self.client.post("/v1/completions", headers=headers, json=body)
+    async def post(self, headers: dict[str, str] | None = None, **body: Any) -> httpx.Response:
+        sent = {"Authorization": f"Bearer {self.secret}", "X-Request-Id": "req-1"}
+        sent.update(headers or {})
+        return await self.client.post("/v1/completions", headers=sent, json=body)
 
     async def committed(self) -> int:
         month = datetime.now(timezone.utc).strftime("%Y-%m")
@@ -97,6 +98,31 @@ def test_budget_clamps_max_tokens_and_says_so(tmp_path: Path):
         assert env.control.seen_max_tokens == [18]
         answer = await env.post(prompt="a b")  # the default max_tokens is clamped too
         assert answer.status_code == 429
+
+    _run(tmp_path, body, monthly_tokens=20)
+
+
+def test_a_caller_that_refuses_the_clamp_gets_a_429_that_says_what_fits(tmp_path: Path):
+    async def body(env: Env) -> None:
+        refuse = {"X-Acs-Budget-Clamp": "refuse"}
+        answer = await env.post(refuse, prompt="a b", max_tokens=50)
+        assert answer.status_code == 429 and "x-acs-max-tokens-clamped" not in answer.headers
+        error = answer.json()["error"]
+        assert error["code"] == "budget_exceeded"
+        assert error["message"].startswith(
+            "This request asks for up to 50 tokens per choice; this API key's monthly token "
+            "budget holds only 18 per choice."
+        )
+        assert answer.headers["x-should-retry"] == "false"
+        # Refused before the engine: nothing held, nothing charged.
+        assert env.control.entered == 0 and await env.committed() == 0
+        # What fits in full runs unshortened; the budget then holds nothing, which says so.
+        answer = await env.post(refuse, prompt="a b", max_tokens=18)
+        assert answer.status_code == 200 and "x-acs-max-tokens-clamped" not in answer.headers
+        assert env.control.seen_max_tokens == [18]
+        answer = await env.post(refuse, prompt="a", max_tokens=1)
+        exhausted = answer.json()["error"]["message"]
+        assert exhausted == "Monthly token budget exhausted for this API key."
 
     _run(tmp_path, body, monthly_tokens=20)
 

@@ -30,6 +30,9 @@ class ValidatedCompletion:
     max_tokens_source: Literal["client", "default"]
     stream: bool
     workload: str | None = None
+    # False when the caller sent `X-Acs-Budget-Clamp: refuse`: a budget that cannot hold the
+    # whole max_tokens refuses the request (429 budget_exceeded) instead of lowering it.
+    may_clamp_to_budget: bool = True
     # Extra per-request values for the worker side (vLLM's `vllm_xargs`): numbers and strings.
     engine_args: dict[str, Any] = field(default_factory=dict)
     requested_max_tokens: int = 0

@@ -125,9 +125,10 @@ class _Admission:
                         choices=self.validated.choices,
                         max_tokens=self.validated.max_tokens,
                         activation=self.validated.activations is not None,
-                        # A job took its start at submit, and refuses instead of clamping.
+                        # A job took its start at submit, and refuses instead of clamping, as
+                        # does a caller that sent `X-Acs-Budget-Clamp: refuse`.
                         count_start=not self.replayed,
-                        allow_clamp=not self.replayed,
+                        allow_clamp=not self.replayed and self.validated.may_clamp_to_budget,
                     )
                 )
             except (BudgetExhausted, StartsExhausted, QueueFull) as error:

@@ -11,13 +11,28 @@ import time
 
 from ..contract.body_validation import validate_body
 from ..contract.validated import VALIDATED_COMPLETION_KEY
-from ..errors import AcsError
+from ..errors import AcsError, InvalidRequest
 from ..metrics import VALIDATION_SECONDS
 from ..served_model import NodeModels
 from ..settings import Settings
 from .asgi import ASGIApp, Receive, Scope, Send, header, read_body, request_id, send_error
 
 COMPLETIONS_PATH = "/v1/completions"
+BUDGET_CLAMP_HEADER = "X-Acs-Budget-Clamp"
+BUDGET_CLAMP_VALUES = ("allow", "refuse")
+
+
+def may_clamp_to_budget(value: str | None) -> bool:
+    """`X-Acs-Budget-Clamp`: absent or `allow` lets a budget lower max_tokens; `refuse` asks for
+    a 429 instead (what the Workbench sends). Anything else is a 400 naming the header."""
+    if value is None or value == "allow":
+        return True
+    if value == "refuse":
+        return False
+    raise InvalidRequest(
+        f"{BUDGET_CLAMP_HEADER} must be one of {', '.join(BUDGET_CLAMP_VALUES)}; got {value!r}.",
+        param=BUDGET_CLAMP_HEADER,
+    )
 
 
 class StrictValidationMiddleware:
@@ -37,6 +52,7 @@ class StrictValidationMiddleware:
         body = await read_body(receive)
         started = time.perf_counter()
         try:
+            may_clamp = may_clamp_to_budget(header(scope, b"x-acs-budget-clamp"))
             _, validated = await validate_body(body, self.models, self.settings, request_id(scope))
         except AcsError as error:
             VALIDATION_SECONDS.observe(time.perf_counter() - started)
@@ -44,5 +60,6 @@ class StrictValidationMiddleware:
             return
         VALIDATION_SECONDS.observe(time.perf_counter() - started)
         validated.workload = header(scope, b"x-acs-workload")
+        validated.may_clamp_to_budget = may_clamp
         scope.setdefault("state", {})[VALIDATED_COMPLETION_KEY] = validated
         await self.app(scope, receive, send)

@@ -102,7 +102,18 @@ def _completions_operation() -> dict[str, Any]:
                 "required": False,
                 "description": "interactive | batch: recorded in the usage log, changes nothing",
                 "schema": {"type": "string"},
-            }
+            },
+            {
+                "name": "X-Acs-Budget-Clamp",
+                "in": "header",
+                "required": False,
+                "description": (
+                    "allow (the default): a budget that cannot hold max_tokens lowers it and "
+                    "says so in X-Acs-Max-Tokens-Clamped; refuse: 429 budget_exceeded instead, "
+                    "charging nothing (what the Workbench sends). Anything else is a 400."
+                ),
+                "schema": {"type": "string", "enum": ["allow", "refuse"], "default": "allow"},
+            },
         ],
         "responses": {
             "200": ok,

@@ -51,15 +51,18 @@ class _KeyTraffic:
             raise StartsExhausted(wait_ms)
 
 
-def _first_short(held: list[tuple[BudgetLine, int]], request: AdmitRequest) -> str | None:
-    """The first budget (in naming order) that cannot hold the full max_tokens, or None: what a
-    request that may not be clamped (a job) is refused by. Same order as admit.lua's."""
+def _first_short(
+    held: list[tuple[BudgetLine, int]], request: AdmitRequest
+) -> BudgetExhausted | None:
+    """The refusal by the first budget (in naming order) that cannot hold the full max_tokens,
+    or None: what a request that may not be clamped (a job) is refused by. Same order as
+    admit.lua's."""
     for line, committed in held:
         fits, refused_by = max_tokens_that_fit(
             [(line, committed)], request.prompt_tokens, request.choices, request.max_tokens
         )
         if refused_by is not None or fits < request.max_tokens:
-            return line.name
+            return BudgetExhausted(line.name, fits=fits, asked=request.max_tokens)
     return None
 
 
@@ -98,9 +101,11 @@ class EmbeddedCounters(Counters):
             held, request.prompt_tokens, request.choices, request.max_tokens
         )
         if not request.allow_clamp:  # a job refuses instead of clamping
-            refused_by = _first_short(held, request)
+            short = _first_short(held, request)
+            if short is not None:
+                raise short
         if refused_by is not None:
-            raise BudgetExhausted(refused_by)
+            raise BudgetExhausted(refused_by, asked=request.max_tokens)
         limits = request.principal.limits
         traffic = self._traffic[request.principal.key_id]
         clock = time.monotonic()

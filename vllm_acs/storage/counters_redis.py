@@ -134,7 +134,7 @@ class RedisCounters(Counters):
                 "in a row: is Redis evicting keys? (set maxmemory-policy noeviction)"
             )
         if result[0] == "budget":
-            raise BudgetExhausted(result[1])
+            raise BudgetExhausted(result[1], fits=int(result[2]), asked=request.max_tokens)
         if result[0] == "rate":
             raise StartsExhausted(int(result[1]))
         if result[0] == "full":

@@ -23,11 +23,15 @@ class SchemaNotReady(StorageError):
 
 
 class BudgetExhausted(StorageError):
-    """Not even one output token per choice fits in `budget` (a name like `key_monthly`)."""
+    """The Hold does not fit `budget` (a name like `key_monthly`): not even one output token per
+    choice (`fits` 0), or, for a request that may not be clamped, not its `asked` max_tokens
+    (`fits` is then the max_tokens that budget would still hold)."""
 
-    def __init__(self, budget: str) -> None:
+    def __init__(self, budget: str, *, fits: int = 0, asked: int = 0) -> None:
         super().__init__(budget)
         self.budget = budget
+        self.fits = fits
+        self.asked = asked
 
 
 class QueueFull(StorageError):

@@ -26,6 +26,14 @@ BUDGET_MESSAGES: dict[str, str] = {
     "key_monthly_input": "Monthly input-token budget exhausted for this API key.",
     "key_monthly_output": "Monthly output-token budget exhausted for this API key.",
 }
+# The same budgets in a sentence that says how much of one is left.
+BUDGET_NAMES: dict[str, str] = {
+    "key_monthly": "this API key's monthly token budget",
+    "account_monthly": "this user's monthly token budget (aggregate across keys)",
+    "key_daily": "this API key's daily token budget",
+    "key_monthly_input": "this API key's monthly input-token budget",
+    "key_monthly_output": "this API key's monthly output-token budget",
+}
 
 
 @dataclass(frozen=True)

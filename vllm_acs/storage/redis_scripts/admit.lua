@@ -6,7 +6,7 @@
 --       11 count_start ("1": check and take a start; "0": a job, which took it at submit),
 --       12 allow_clamp ("1": lower max_tokens to what fits; "0": a job, refused unless all fits),
 --       then per line: counter (no period), granularity (month|day), kind, limit, name
--- Returns {"ok", applied, "run"|"wait"} | {"budget", name} | {"rate", retry_ms} |
+-- Returns {"ok", applied, "run"|"wait"} | {"budget", name, fits} | {"rate", retry_ms} |
 --   {"full", retry_ms} | {"seed", counter...} (counters Redis does not hold: seed them, call again)
 -- Budget counters carry the UTC period of the server's clock, so they reset without any job.
 
@@ -103,7 +103,7 @@ for i = 0, n_lines - 1 do
   end
   -- The first budget short of the full max_tokens refuses a request that may not be clamped.
   local short = fits < 1 or (not allow_clamp and fits < max_tokens)
-  if short and #missing == 0 then return {'budget', line.name} end
+  if short and #missing == 0 then return {'budget', line.name, fits} end
   if fits < applied then applied = fits end
   lines[#lines + 1] = line
 end
