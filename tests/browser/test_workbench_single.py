@@ -166,6 +166,7 @@ def test_a_run_the_budget_cannot_fit_is_refused_not_shortened(open_page, workben
     assert "asks for up to 100 tokens per choice" in shown and "request " in shown
     # The node refused it (the page asks it to refuse, not clamp), saying what would fit.
     assert "monthly token budget holds only" in shown
+    screenshot(watched, "single-budget-refused")
     expect(pane.get_by_role("status").filter(has_text="Failed")).to_be_visible()
     assert shown_text(pane.get_by_role("region", name="Completion")) == ""
 
