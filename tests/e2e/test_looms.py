@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -257,8 +258,6 @@ def test_a_generating_node_refuses_edits_and_a_closed_stream_finishes(client: ht
         assert edit.headers["x-should-retry"] == "false"
         assert client.delete(f"{LOOMS}/{loom_id}/nodes/{child['id']}").status_code == 409
     # The client left; the branch runs on and its child ends ready.
-    import time
-
     deadline = time.monotonic() + 300
     while tree(client, loom_id)[child["id"]]["status"] == "generating":
         assert time.monotonic() < deadline
