@@ -215,6 +215,15 @@ def test_keys_cycle_scopes_other_accounts_and_the_audit_trail(acs_server, auth, 
     assert (refused.status_code, refused.json()["error"]["code"]) == (401, "key_revoked")
     again = client.patch(f"/v1/keys/{made['id']}", json={"state": "active"})
     assert (again.status_code, again.json()["error"]["code"]) == (409, "key_not_changeable")
+    renamed = client.patch(f"/v1/keys/{made['id']}", json={"name": "after revoke"})
+    assert (renamed.status_code, renamed.json()["error"]["code"]) == (409, "key_not_changeable")
+    # Revoking again changes nothing: the same answer, and no second entry in the audit trail.
+    twice = client.delete(f"/v1/keys/{made['id']}")
+    assert (twice.status_code, twice.json()["state"], twice.json()["name"]) == (
+        200,
+        "revoked",
+        "renamed",
+    )
 
     log = acs_server.cli("keys", "log", "--account", "keys-lab")
     steps = [(e["actor"], e["action"], e["key_id"]) for e in log]

@@ -175,7 +175,25 @@ class KeyManager:
 
     async def change(self, actor: Actor, ref: str, **settings: Any) -> ApiKey:
         """Changes the name, limits or scopes; only what is given (None clears a limit)."""
+        return await self._change(actor, await self.get(actor, ref), settings)
+
+    async def set_state(self, actor: Actor, ref: str, state: str) -> ApiKey:
+        """Pauses (`paused`), resumes (`active`) or revokes (`revoked`, for good) a key."""
+        return await self._set_state(actor, await self.get(actor, ref), state)
+
+    async def edit(
+        self, actor: Actor, ref: str, settings: dict[str, Any], state: str | None = None
+    ) -> ApiKey:
+        """`change` then, where `state` differs from the key's, `set_state`: the key looked up
+        once (PATCH /v1/keys/{id})."""
         key = await self.get(actor, ref)
+        if settings:
+            key = await self._change(actor, key, settings)
+        if state is not None and state != key.state:
+            key = await self._set_state(actor, key, state)
+        return key
+
+    async def _change(self, actor: Actor, key: ApiKey, settings: dict[str, Any]) -> ApiKey:
         if key.state == "revoked" and not actor.is_operator:
             raise KeyRevoked(f"key {key.prefix} is revoked; a revoked key does not change")
         unknown = set(settings) - set(KEY_LIMIT_FIELDS) - {"name", "scopes"}
@@ -191,9 +209,7 @@ class KeyManager:
         event = KeyEvent(actor.id, "set", changes)
         return await self._keys.set_limits(key.id, event, **stored)
 
-    async def set_state(self, actor: Actor, ref: str, state: str) -> ApiKey:
-        """Pauses (`paused`), resumes (`active`) or revokes (`revoked`, for good) a key."""
-        key = await self.get(actor, ref)
+    async def _set_state(self, actor: Actor, key: ApiKey, state: str) -> ApiKey:
         if state not in _ACTIONS:
             raise ValueError(f"state must be one of {sorted(_ACTIONS)}")
         event = KeyEvent(actor.id, _ACTIONS[state], {"state": state})

@@ -92,7 +92,7 @@ class KeyService:
             key, secret = await self._manager.create(
                 Actor.of_key(principal), name=body.name, scopes=scopes, **limits
             )
-        except (KeyRefused, KeyNotFound) as error:
+        except KeyRefused as error:
             raise _as_acs_error(error) from None
         view = CreatedApiKey(**key_view(key, 0, None).model_dump(), key=secret)
         return Answer(201, view.model_dump(), {"location": f"{KEYS_PATH}/{key.id}"})
@@ -110,25 +110,15 @@ class KeyService:
         if "state" in given and body.state is None:
             raise InvalidRequest('\'state\' must be "active" or "paused".', param="state")
         settings = {f: getattr(body, f) for f in (*BUDGET_FIELDS, "name") if f in given}
-        actor = Actor.of_key(principal)
         try:
-            key = await self._manager.get(actor, key_id)
-            if key.state == "revoked" and given:
-                raise KeyRevoked(key.id)
-            if settings:
-                key = await self._manager.change(actor, key_id, **settings)
-            if body.state is not None and body.state != key.state:
-                key = await self._manager.set_state(actor, key_id, body.state)
+            key = await self._manager.edit(Actor.of_key(principal), key_id, settings, body.state)
         except (KeyRefused, KeyNotFound, KeyRevoked) as error:
             raise _as_acs_error(error, key_id) from None
         return (await self._view(key)).model_dump()
 
     async def revoke(self, key_id: str, principal: Principal) -> dict[str, Any]:
-        actor = Actor.of_key(principal)
-        try:
-            key = await self._manager.get(actor, key_id)
-            if key.state != "revoked":
-                key = await self._manager.set_state(actor, key_id, "revoked")
+        try:  # revoking a revoked key again changes nothing and answers as the first did
+            key = await self._manager.edit(Actor.of_key(principal), key_id, {}, "revoked")
         except (KeyNotFound, KeyRevoked) as error:
             raise _as_acs_error(error, key_id) from None
         return (await self._view(key)).model_dump()
