@@ -131,3 +131,32 @@ def test_three_lanes_run_all_stop_all_and_restore_after_a_reload(
     )
     expect(lanes.nth(1).get_by_role("status")).to_have_text(re.compile(r"^Stopped after"))
     expect(lanes.nth(2).get_by_label("Seed", exact=True)).to_have_value("12")
+
+
+def test_a_lane_whose_model_is_not_warm_says_warming_up(
+    open_page, workbench_url, acs_server, model_id
+):
+    """The lanes show what GET /v1/models/{id}/status answers. This node's one model is always
+    warm, so the answer a deployment gives once every node of a model stopped heartbeating
+    (`warm: false, nodes: 0`, see tests/deployment) is played to the page here; once the route
+    answers again for real, the next poll (every 10 s) takes the words away."""
+    key = acs_server.create_key("workbench-warming")
+    watched = open_page()
+    page = watched.page
+    status_url = f"**/v1/models/{model_id}/status"
+    cold = {"id": model_id, "warm": False, "nodes": 0}
+    page.route(status_url, lambda route: route.fulfill(json=cold))
+    sign_in(watched, workbench_url, key)
+    page.get_by_role("button", name="Compare", exact=True).click()
+    pane = page.get_by_role("region", name="Compare", exact=True)
+    lanes = pane.get_by_role("region", name=re.compile(r"^Lane \d$"))
+    expect(lanes).to_have_count(2)
+    for index in range(2):
+        expect(lanes.nth(index).get_by_text("warming up")).to_be_visible()
+    lanes.nth(1).get_by_role("button", name="Duplicate").click()
+    expect(lanes.nth(2).get_by_text("warming up")).to_be_visible()  # a new lane knows at once
+    screenshot(watched, "compare-warming-up")
+
+    page.unroute(status_url)
+    for index in range(3):
+        expect(lanes.nth(index).get_by_text("warming up")).to_be_hidden(timeout=25_000)

@@ -2,7 +2,7 @@
 // `X-Acs-Workload: interactive`; every failure becomes an ApiError with the spec's code, message
 // and the X-Request-Id, whatever answered (the envelope, an SSE `error` event, the network).
 
-export const WORKLOAD_HEADER = "X-Acs-Workload";
+const WORKLOAD_HEADER = "X-Acs-Workload";
 
 export class ApiError extends Error {
   constructor({ status = 0, code = "network_error", message, requestId = null, retryAfter = null }) {

@@ -234,16 +234,17 @@ export function createCompare(context, modelStatus) {
     pendingSave = null;
     if (!how) return;
     const saved = lanes.map((lane) => ({ config: lane.config(), heatmap: lane.heatmap, run: lane.run }));
+    let found = null; // the listing prune read, shown as it is
     try {
       const loom = await history.save(client, history.KINDS.compare, history.promptLabel(text), text, saved);
       if (how === "replace" && snapshot) await history.remove(client, snapshot.id);
       snapshot = { id: loom.id, prompt: text };
-      await history.prune(client, history.KINDS.compare, history.KEEP.compare);
+      found = await history.prune(client, history.KINDS.compare, history.KEEP.compare);
       notice.textContent = `Saved in the Compare history (${formatTime(loom.created_at)}).`;
     } catch (error) {
       notice.textContent = `Not saved on the server: ${describeError(error)}`;
     }
-    await refresh();
+    await refresh(found);
   }
 
   async function restore(entry) {

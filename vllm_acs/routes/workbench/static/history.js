@@ -143,11 +143,12 @@ export async function list(client, kind) {
   return (await listAll(client))[kind];
 }
 
-/** Deletes all but the newest `keep` entries of a kind (after a save). */
+/** Deletes all but the newest `keep` entries of a kind (after a save); returns the listing as
+ * it now stands (listAll's shape), so the caller shows it without listing again. */
 export async function prune(client, kind, keep) {
-  const entries = await list(client, kind);
-  await Promise.all(entries.slice(keep).map((entry) => remove(client, entry.id)));
-  return entries.slice(0, keep);
+  const found = await listAll(client);
+  await Promise.all(found[kind].slice(keep).map((entry) => remove(client, entry.id)));
+  return { ...found, [kind]: found[kind].slice(0, keep) };
 }
 
 export async function remove(client, id) {

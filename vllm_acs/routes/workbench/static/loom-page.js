@@ -77,8 +77,8 @@ class LoomPage {
     this.count = el("span", { class: "loom-count" });
 
     this.viewButtons = {
-      list: el("button", { type: "button", class: "small", onclick: () => this.showView("list") }, "List"),
-      graph: el("button", { type: "button", class: "small", onclick: () => this.showView("graph") }, "Graph"),
+      list: el("button", { type: "button", class: "small segment", onclick: () => this.showView("list") }, "List"),
+      graph: el("button", { type: "button", class: "small segment", onclick: () => this.showView("graph") }, "Graph"),
     };
     this.treeHost = el("div", { class: "tree-host" });
     const sidebar = el(

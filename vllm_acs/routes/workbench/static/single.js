@@ -143,13 +143,14 @@ export function createSingle(context, modelStatus) {
   }
 
   async function keep(kind, text, lanes) {
+    let found = null; // the listing prune read, shown as it is
     try {
       await history.save(client, kind, history.promptLabel(text), text, lanes);
-      if (kind === history.KINDS.run) await history.prune(client, kind, history.KEEP.run);
+      if (kind === history.KINDS.run) found = await history.prune(client, kind, history.KEEP.run);
     } catch (error) {
       notice.textContent = `Not saved on the server: ${describeError(error)}`;
     }
-    await refresh();
+    await refresh(found);
   }
 
   async function savePrompt() {
