@@ -39,11 +39,14 @@ def response_of(answer: Answer) -> Response:
 
 
 async def answer_of(request: Request, work: Callable[[], Awaitable[Any]]) -> Response:
-    """Runs a service call: its dict as JSON (200), its Answer as it says, its error enveloped."""
+    """Runs a service call: its dict as JSON (200), its Answer as it says, a Response as it is,
+    its error enveloped."""
     try:
         result = await work()
     except AcsError as error:
         return error_response(request, error)
+    if isinstance(result, Response):
+        return result
     if isinstance(result, Answer):
         return response_of(result)
     return JSONResponse(result)

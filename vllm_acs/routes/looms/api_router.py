@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from ...errors import AcsError, UpstreamBusy
 from ...looms.progress import ENDS, Event
 from ...storage.idempotency import IDEMPOTENCY_STATE_KEY, IdempotencyClaim
-from ..answers import Answer, principal_of, response_of
+from ..answers import answer_of, principal_of, response_of
 from ..error_response import error_response
 from .generation_service import (
     BranchListening,
@@ -32,20 +32,19 @@ NODE = LOOM + "/nodes/{node_id}"
 
 
 async def _answer(request: Request, work: Callable[[], Awaitable[Any]]) -> Response:
-    """Runs a service call: its dict as JSON (200), its Answer as it says, its error enveloped."""
-    try:
-        result = await work()
-    except PipelineRefusal as refusal:
-        return Response(
-            refusal.body, refusal.status, headers=refusal.headers, media_type="application/json"
-        )
-    except AcsError as error:
-        return error_response(request, error)
-    if isinstance(result, Answer):
-        return response_of(result)
-    if isinstance(result, str):
-        return PlainTextResponse(result)
-    return JSONResponse(result)
+    """`answer_of`, with what only the Loom routes have: the completions pipeline's refusal
+    passed on as it was, and a str answer (an export as text) as plain text."""
+
+    async def loom_work() -> Any:
+        try:
+            result = await work()
+        except PipelineRefusal as refusal:
+            return Response(
+                refusal.body, refusal.status, headers=refusal.headers, media_type="application/json"
+            )
+        return PlainTextResponse(result) if isinstance(result, str) else result
+
+    return await answer_of(request, loom_work)
 
 
 def _claim(request: Request) -> IdempotencyClaim | None:
