@@ -160,3 +160,54 @@ def test_a_lane_whose_model_is_not_warm_says_warming_up(
     page.unroute(status_url)
     for index in range(3):
         expect(lanes.nth(index).get_by_text("warming up")).to_be_hidden(timeout=25_000)
+
+
+def _seed_compare_runs(acs_server, key: str, count: int) -> list[str]:
+    """`count` Compare runs of one human lane each, as a script could import them; their ids,
+    oldest first."""
+    ids = []
+    for number in range(count):
+        document = {
+            "format": "vllm-acs.loom",
+            "version": 1,
+            "title": f"{COMPARE_PREFIX}seeded {number}",
+            "nodes": [
+                {"id": "root", "parent_id": None, "text": f"seeded {number}", "origin": "root"},
+                {"id": "lane", "parent_id": "root", "text": " lane", "origin": "human"},
+            ],
+        }
+        answer = httpx.post(
+            f"{acs_server.base_url}/v1/looms/import",
+            json=document,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert answer.status_code == 201, answer.text
+        ids.append(answer.json()["id"])
+    return ids
+
+
+def test_the_compare_history_keeps_the_newest_20(open_page, workbench_url, acs_server):
+    key = acs_server.create_key("workbench-compare-keep")
+    seeded = _seed_compare_runs(acs_server, key, 20)
+    watched = open_page()
+    page = watched.page
+    sign_in(watched, workbench_url, key)
+    page.get_by_role("button", name="Compare", exact=True).click()
+    pane = page.get_by_role("region", name="Compare", exact=True)
+    history = pane.get_by_role("list", name="Compare history").get_by_role("listitem")
+    expect(history).to_have_count(20)
+    pane.get_by_label("Prompt", exact=True).fill("The newest")
+    for lane in pane.get_by_role("region", name=re.compile(r"^Lane \d$")).all():
+        lane.get_by_text("Sampling").click()
+        lane.get_by_label("Max tokens", exact=True).fill("2")
+    pane.get_by_role("button", name="Run all").click()
+    expect(pane.get_by_text(re.compile(r"^Saved in the Compare history"))).to_be_visible()
+
+    # The 21st run pushed the oldest out, on the server and on the page.
+    expect(history).to_have_count(20)
+    expect(history.first).to_contain_text("The newest")
+    kept = compare_looms(acs_server, key)
+    assert len(kept) == 20
+    assert {loom["id"] for loom in kept} == set(seeded[1:]) | {kept[0]["id"]}
+    assert kept[0]["title"] == f"{COMPARE_PREFIX}The newest"
