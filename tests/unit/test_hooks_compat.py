@@ -16,7 +16,7 @@ import torch
 
 from vllm_acs.activations.codec import encode_array
 from vllm_acs.activations.payload import AcsPayload, SteeringEntry
-from vllm_acs.activations.store import check_applied
+from vllm_acs.activations.store import check_applied, read_header
 from vllm_acs.hooks import compat
 from vllm_acs.hooks.compat import UnsupportedSetupError, decoder_layers
 from vllm_acs.hooks.intervention_buffers import InterventionBuffers
@@ -200,6 +200,45 @@ class _Runner:
         return hidden + residual
 
 
+class _RunnerV2:
+    """The V2 runner's step as _wrap_runner_v2 sees it: execute_model calls prepare_inputs,
+    whose InputBatch holds the request order, query offsets and computed tokens in batch order
+    (the arrays padded past num_reqs, as vLLM's are), then runs the forward pass; a dummy run
+    (warm-up, graph capture) runs the forward without prepare_inputs."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.outputs: list[torch.Tensor] = []
+        self.fail_forward = False
+
+    def prepare_inputs(self, scheduler_output: Any) -> Any:
+        batch = scheduler_output.batch  # request id -> (first position, tokens)
+        lengths = [tokens for _, tokens in batch.values()]
+        starts = np.cumsum([0, *lengths]).astype(np.int32)
+        return types.SimpleNamespace(
+            req_ids=list(batch),
+            num_reqs=len(batch),
+            query_start_loc_np=np.concatenate([starts, starts[-1:]]),  # one padded request
+            num_computed_tokens_np=np.array([p for p, _ in batch.values()], dtype=np.int32),
+            num_tokens=int(starts[-1]),
+        )
+
+    def execute_model(self, scheduler_output: Any, dummy_run: bool = False) -> None:
+        if dummy_run:
+            self._forward(torch.zeros(2, 4, dtype=torch.bfloat16))
+            return
+        batch = self.prepare_inputs(scheduler_output)
+        if self.fail_forward:
+            raise RuntimeError("the forward pass failed")
+        self.outputs.append(self._forward(torch.zeros(batch.num_tokens, 4, dtype=torch.bfloat16)))
+
+    def _forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        residual = torch.zeros_like(hidden)
+        for layer in self.model.model.layers:
+            hidden, residual = layer(None, hidden, residual)
+        return hidden + residual
+
+
 def _scheduled(batch, new=(), finished=()):
     new_reqs = [
         types.SimpleNamespace(
@@ -215,7 +254,12 @@ def _scheduled(batch, new=(), finished=()):
     )
 
 
-def test_the_op_on_every_layer_steers_and_captures_the_right_rows(tmp_path):
+@pytest.mark.parametrize(
+    ("runner_class", "wrap"),
+    [(_Runner, compat._wrap_runner), (_RunnerV2, compat._wrap_runner_v2)],
+    ids=["v1", "v2"],
+)
+def test_the_op_on_every_layer_steers_and_captures_the_right_rows(tmp_path, runner_class, wrap):
     model = _model(_FusedResidualLayer, n=4)
     layers = decoder_layers(model)
     buffers = InterventionBuffers(
@@ -224,8 +268,8 @@ def test_the_op_on_every_layer_steers_and_captures_the_right_rows(tmp_path):
     runtime = ActivationRuntime(buffers=buffers, root=tmp_path, writes_files=True)
     compat.put_op_on_layers(layers, buffers)
     assert type(layers[0]).__name__ == "_FusedResidualLayer" and layers[0].acs_layer == 0
-    runner = _Runner(model)
-    compat._wrap_runner(runner, runtime)
+    runner = runner_class(model)
+    wrap(runner, runtime)
 
     runner.execute_model(_scheduled({"plain": (0, 3)}))
     assert not runner.outputs[-1].any()
@@ -243,6 +287,40 @@ def test_the_op_on_every_layer_steers_and_captures_the_right_rows(tmp_path):
     assert check_applied("c", n_rows=4, root=tmp_path).rows_done == 4
     assert not runtime.needs_step and not runner.outputs[-1].any()
     assert buffers.steering.free_slots == 7  # the vector's slot is free again
+
+
+def test_on_the_v2_runner_dummy_runs_pass_and_a_failed_forward_keeps_no_rows(tmp_path):
+    model = _model(_FusedResidualLayer, n=4)
+    buffers = InterventionBuffers(
+        n_layers=4, hidden=4, max_tokens=16, bank_slots=8, capture_mb=0.01, device=CPU
+    )
+    runtime = ActivationRuntime(buffers=buffers, root=tmp_path, writes_files=True)
+    compat.put_op_on_layers(decoder_layers(model), buffers)
+    runner = _RunnerV2(model)
+    compat._wrap_runner_v2(runner, runtime)
+
+    capture = AcsPayload("c", capture_layers=(0, 3))
+    runner.fail_forward = True
+    with pytest.raises(RuntimeError):
+        runner.execute_model(_scheduled({"C": (0, 3)}, new=[("C", capture)]))
+    assert read_header("c", root=tmp_path).rows_done == 0  # nothing of the failed step
+    runner.fail_forward = False
+    runner.execute_model(None, dummy_run=True)  # no scheduler output, no step: left alone
+    runner.execute_model(_scheduled({"C": (0, 3)}))
+    runner.execute_model(_scheduled({"C": (3, 1)}))
+    runner.execute_model(_scheduled({}, finished=["C"]))
+    assert check_applied("c", n_rows=4, root=tmp_path).rows_done == 4
+    assert not runtime.needs_step
+
+
+def test_the_runner_wrapper_is_chosen_by_the_runner_class():
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert compat._runner_wrapper(object.__new__(GPUModelRunner)) is compat._wrap_runner
+    assert compat._runner_wrapper(object.__new__(GPUModelRunnerV2)) is compat._wrap_runner_v2
+    with pytest.raises(UnsupportedSetupError, match="V1 or V2 model runner, found _Runner"):
+        compat._runner_wrapper(_Runner(_model(_FusedResidualLayer)))
 
 
 # Run in a fresh interpreter: the tile state, once granted, stays for the process's life.

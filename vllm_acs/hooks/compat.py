@@ -1,5 +1,6 @@
 """The only module that touches vLLM internals: version and structure checks, putting the
-intervention op on the V1 model runner's decoder layers, prefix-cache isolation of ACS requests.
+intervention op on the model's decoder layers and learning each step's batch from vLLM's V1 or V2
+model runner, prefix-cache isolation of ACS requests.
 
 `install()` runs from the general plugin in every vLLM process; it patches two vLLM classes when
 (and only if) their modules are imported, so the API server does not import the worker stack:
@@ -78,9 +79,9 @@ V2_RUNNER_VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
 
 
 def choose_v1_runner(environ: MutableMapping[str, str]) -> None:
-    """vLLM's V2 model runner (its default on NVIDIA GPUs) is not yet checked with the op: unless
-    the operator chose a runner, choose V1 before vLLM does, in this process and the engine
-    processes it starts. An operator's explicit 1 stands, and the worker says why it stops."""
+    """vLLM's V2 model runner (its default on NVIDIA GPUs) is hooked but not yet checked in an
+    engine run: unless the operator chose a runner, choose V1 before vLLM does, in this process
+    and the engine processes it starts. An operator's explicit 1 stands (the worker warns)."""
     if environ.get(V2_RUNNER_VARIABLE, "") != "":
         return
     environ[V2_RUNNER_VARIABLE] = "0"
@@ -197,16 +198,10 @@ def install_on_runner(runner: Any) -> ActivationRuntime:
     layer, with its buffers, before torch.compile and CUDA-graph capture first run the model.
     Raises UnsupportedSetupError (the worker fails to start) rather than serving a silent no-op."""
     from vllm.distributed import get_tensor_model_parallel_rank
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from ..settings import Settings
 
-    if not isinstance(runner, GPUModelRunner):
-        raise UnsupportedSetupError(
-            f"vllm_acs capture and steering run on vLLM's V1 model runner, found "
-            f"{type(runner).__name__}: unset VLLM_USE_V2_MODEL_RUNNER or set it to 0 (vllm-acs "
-            "chooses V1 by itself until the V2 runner is checked on a GPU)"
-        )
+    wrap = _runner_wrapper(runner)
     config = runner.vllm_config
     if config.speculative_config is not None:
         raise UnsupportedSetupError(
@@ -236,12 +231,13 @@ def install_on_runner(runner: Any) -> ActivationRuntime:
         writes_files=get_tensor_model_parallel_rank() == 0,
     )
     put_op_on_layers(layers, buffers)
-    _wrap_runner(runner, runtime)
+    wrap(runner, runtime)
     logger.info(
-        "vllm_acs intervention op on %d decoder layers of %s (compilation mode %s, CUDA graphs "
-        "%s); capture buffer %d rows (%.0f MB), steering bank %d slots; capture files in %s",
+        "vllm_acs intervention op on %d decoder layers of %s (%s, compilation mode %s, CUDA "
+        "graphs %s); capture buffer %d rows (%.0f MB), steering bank %d slots; capture files in %s",
         len(layers),
         type(runner.model).__name__,
+        "V2 model runner" if wrap is _wrap_runner_v2 else "V1 model runner",
         compilation.mode,
         compilation.cudagraph_mode,
         buffers.capture_rows,
@@ -326,6 +322,44 @@ def put_op_on_layers(layers: list[torch.nn.Module], buffers: InterventionBuffers
         layer.__class__ = _intervening_class(type(layer))
 
 
+def _runner_wrapper(runner: Any) -> Callable[[Any, ActivationRuntime], None]:
+    """How the runtime learns each step's batch on this runner: V1 (`gpu_model_runner`) or V2
+    (`gpu.model_runner`, whose CPU runner subclasses it); any other runner is refused."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if isinstance(runner, GPUModelRunner):
+        return _wrap_runner
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
+    except ImportError:  # a vLLM without the V2 runner
+        GPUModelRunnerV2 = None
+    if GPUModelRunnerV2 is not None and isinstance(runner, GPUModelRunnerV2):
+        logger.warning(
+            "vllm_acs: %s=1 (vLLM's V2 model runner): capture and steering are hooked on it "
+            "but not yet checked in an engine run (vLLM's CPU build cannot run it; "
+            "benchmarks/gpu_check.sh checks it on a GPU); unset it for the checked V1 runner",
+            V2_RUNNER_VARIABLE,
+        )
+        return _wrap_runner_v2
+    raise UnsupportedSetupError(
+        f"vllm_acs capture and steering run on vLLM's V1 or V2 model runner, found "
+        f"{type(runner).__name__}"
+    )
+
+
+def _new_requests(scheduler_output: Any) -> list[NewRequest]:
+    return [
+        NewRequest(
+            req_id=data.req_id,
+            extra_args=data.sampling_params.extra_args,
+            prompt_len=_prompt_len(data),
+            max_tokens=data.sampling_params.max_tokens or 0,
+        )
+        for data in scheduler_output.scheduled_new_reqs
+        if data.sampling_params is not None and data.sampling_params.extra_args
+    ]
+
+
 def _wrap_runner(runner: Any, runtime: ActivationRuntime) -> None:
     """Wraps two methods on this runner instance. execute_model: learn new and finished requests
     from the scheduler output. _model_forward: runs after the runner updated its persistent batch
@@ -338,16 +372,7 @@ def _wrap_runner(runner: Any, runtime: ActivationRuntime) -> None:
     @functools.wraps(execute_model)
     def execute_model_hooked(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         runtime.finish_requests(scheduler_output.finished_req_ids)
-        new = [
-            NewRequest(
-                req_id=data.req_id,
-                extra_args=data.sampling_params.extra_args,
-                prompt_len=_prompt_len(data),
-                max_tokens=data.sampling_params.max_tokens or 0,
-            )
-            for data in scheduler_output.scheduled_new_reqs
-            if data.sampling_params is not None and data.sampling_params.extra_args
-        ]
+        new = _new_requests(scheduler_output)
         if new:
             runtime.add_requests(new)
         in_step[0] = True
@@ -380,6 +405,55 @@ def _wrap_runner(runner: Any, runtime: ActivationRuntime) -> None:
 
     runner.execute_model = execute_model_hooked
     runner._model_forward = model_forward_hooked
+
+
+def _wrap_runner_v2(runner: Any, runtime: ActivationRuntime) -> None:
+    """The V2 runner's step: execute_model updates its request states, then `prepare_inputs`
+    returns the step's final InputBatch (request order, query offsets, computed tokens, all in
+    batch order), then the forward pass runs inside execute_model (eager, piecewise or a full
+    CUDA graph alike). So: learn new and finished requests as execute_model starts, fill the
+    index buffers when prepare_inputs returns, and take the rows out when execute_model does.
+    Dummy runs (warm-up, graph capture) never call prepare_inputs and are left alone."""
+    execute_model: Callable[..., Any] = runner.execute_model
+    prepare_inputs: Callable[..., Any] = runner.prepare_inputs
+    step = {"live": False, "begun": False}
+
+    @functools.wraps(execute_model)
+    def execute_model_hooked(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("dummy_run"):
+            return execute_model(scheduler_output, *args, **kwargs)
+        runtime.finish_requests(scheduler_output.finished_req_ids)
+        new = _new_requests(scheduler_output)
+        if new:
+            runtime.add_requests(new)
+        step["live"], step["begun"] = True, False
+        completed = False
+        try:
+            output = execute_model(scheduler_output, *args, **kwargs)
+            completed = True
+            return output
+        finally:
+            if step["begun"]:
+                runtime.end_step(completed)
+            step["live"], step["begun"] = False, False
+
+    @functools.wraps(prepare_inputs)
+    def prepare_inputs_hooked(*args: Any, **kwargs: Any) -> Any:
+        batch = prepare_inputs(*args, **kwargs)
+        if step["live"] and runtime.needs_step:
+            req_ids = list(batch.req_ids[: batch.num_reqs])
+            runtime.begin_step(
+                {req_id: index for index, req_id in enumerate(req_ids)},
+                batch.query_start_loc_np,
+                batch.num_computed_tokens_np,
+                int(batch.num_tokens),
+                req_ids,
+            )
+            step["begun"] = True
+        return batch
+
+    runner.execute_model = execute_model_hooked
+    runner.prepare_inputs = prepare_inputs_hooked
 
 
 def _prompt_len(data: Any) -> int:
