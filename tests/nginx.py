@@ -30,9 +30,10 @@ pid {dir}/nginx.pid;
 events {{ worker_connections 256; }}
 http {{
     # Which node answered, and when: what a failed test's report shows (the request's time,
-    # the node's connect and first-byte times).
+    # the node's connect and first-byte times), and what `Nginx.timing` reads.
     log_format timed '$time_iso8601 "$request" $status $body_bytes_sent upstream=$upstream_addr '
-                     'rt=$request_time uct=$upstream_connect_time uht=$upstream_header_time';
+                     'rt=$request_time uct=$upstream_connect_time uht=$upstream_header_time '
+                     'rid=$http_x_request_id';
     access_log {dir}/access.log timed;
     client_body_temp_path {dir}/client_body;
     proxy_temp_path {dir}/proxy;
@@ -156,6 +157,22 @@ class Nginx:
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"nginx did not listen on {self.port}:\n{self.log()}")
+
+    def timing(self, request_id: str, wait_s: float = 5.0) -> tuple[float, float]:
+        """(seconds the request took, seconds until the node's response header came), as nginx
+        measured them for the request with this X-Request-Id: the proxy's own clock, which a
+        starved client process cannot skew. nginx logs a request as it ends."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            path = self.directory / "access.log"
+            lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+            for line in reversed(lines):
+                fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+                if fields.get("rid") == request_id:
+                    return float(fields["rt"]), float(fields["uht"])
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nginx logged no request {request_id!r}:\n{self.log()}")
+            time.sleep(0.05)
 
     def log(self) -> str:
         parts = []
