@@ -347,8 +347,11 @@ def _runner_wrapper(runner: Any) -> Callable[[Any, ActivationRuntime], None]:
     )
 
 
-def _new_requests(scheduler_output: Any) -> list[NewRequest]:
-    return [
+def _learn_requests(runtime: ActivationRuntime, scheduler_output: Any) -> None:
+    """As a step starts, on either runner: the requests that finished, and the new ones that
+    carry extra_args (the runtime keeps those with an ACS payload)."""
+    runtime.finish_requests(scheduler_output.finished_req_ids)
+    new = [
         NewRequest(
             req_id=data.req_id,
             extra_args=data.sampling_params.extra_args,
@@ -358,6 +361,8 @@ def _new_requests(scheduler_output: Any) -> list[NewRequest]:
         for data in scheduler_output.scheduled_new_reqs
         if data.sampling_params is not None and data.sampling_params.extra_args
     ]
+    if new:
+        runtime.add_requests(new)
 
 
 def _wrap_runner(runner: Any, runtime: ActivationRuntime) -> None:
@@ -371,10 +376,7 @@ def _wrap_runner(runner: Any, runtime: ActivationRuntime) -> None:
 
     @functools.wraps(execute_model)
     def execute_model_hooked(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        runtime.finish_requests(scheduler_output.finished_req_ids)
-        new = _new_requests(scheduler_output)
-        if new:
-            runtime.add_requests(new)
+        _learn_requests(runtime, scheduler_output)
         in_step[0] = True
         try:
             return execute_model(scheduler_output, *args, **kwargs)
@@ -422,10 +424,7 @@ def _wrap_runner_v2(runner: Any, runtime: ActivationRuntime) -> None:
     def execute_model_hooked(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("dummy_run"):
             return execute_model(scheduler_output, *args, **kwargs)
-        runtime.finish_requests(scheduler_output.finished_req_ids)
-        new = _new_requests(scheduler_output)
-        if new:
-            runtime.add_requests(new)
+        _learn_requests(runtime, scheduler_output)
         step["live"], step["begun"] = True, False
         completed = False
         try:
