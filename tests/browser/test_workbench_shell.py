@@ -7,8 +7,11 @@ bad, paused or revoked key shows the spec's code and message.
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 from tests.browser.conftest import axe_violations, screenshot, sign_in
 
@@ -110,6 +113,32 @@ def test_sign_in_keeps_the_key_for_the_tab_and_sign_out_forgets_it(
     page.get_by_role("button", name="Sign out").click()
     page.get_by_label("API key").wait_for()
     assert page.evaluate("() => sessionStorage.length + localStorage.length") == 0
+
+
+def test_a_view_chosen_while_the_workbench_still_mounts_is_the_one_shown(
+    open_page, workbench_url, api_key
+):
+    """Loom clicked just after sign-in, while the Workbench view still loads, opens the Looms.
+    The Workbench used to rewrite the hash to #/ as it mounted, and the click's hashchange then
+    routed back to it (seen in CI: no "＋ New loom" within a minute)."""
+    watched = open_page()
+    page = watched.page
+    sign_in(watched, workbench_url, api_key)
+    expect(page.get_by_role("heading", level=1)).to_have_text("Workbench")
+    # The race made certain. A route to the Workbench starts; the user's click changes the hash
+    # (replaceState: no event yet); the Workbench module's import resolves, the route's await
+    # first; only then does the click's hashchange arrive.
+    page.evaluate(
+        """async () => {
+            window.dispatchEvent(new HashChangeEvent("hashchange"));
+            history.replaceState(null, "", "#/loom");
+            await import("/workbench/workbench.js");
+            window.dispatchEvent(new HashChangeEvent("hashchange"));
+        }"""
+    )
+    expect(page.get_by_role("button", name="＋ New loom")).to_be_visible()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Looms")
+    assert re.search(r"#/loom$", page.url), page.url
 
 
 def test_remember_on_this_device_survives_a_new_tab(browser, open_page, workbench_url, api_key):

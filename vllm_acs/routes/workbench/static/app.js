@@ -64,7 +64,8 @@ async function route() {
   box.className = "view";
   main.replaceChildren(box);
   const module = await view.load();
-  if (navigation !== navigations) return;
+  // Moved on meanwhile: a newer route() runs, or the hash changed and its hashchange is queued.
+  if (navigation !== navigations || location.hash !== hash) return;
   const context = {
     client: session.client,
     models: session.models,

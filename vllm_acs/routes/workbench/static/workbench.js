@@ -20,7 +20,10 @@ export function mount(main, context) {
   const singlePane = el("div", { class: "pane", id: "single-pane", role: "region", "aria-label": "Single" }, single.element);
   const comparePane = el("div", { class: "pane", id: "compare-pane", role: "region", "aria-label": "Compare" }, compare.element);
 
-  function show(mode) {
+  // Only the toggle writes the mode into the URL. At mount the hash may already name another
+  // view (a link clicked while this one loaded, its hashchange not yet handled): rewriting it
+  // then would send the user back here instead of where they went.
+  function show(mode, { intoUrl = true } = {}) {
     closePopover();
     const comparing = mode === "compare";
     singleButton.setAttribute("aria-pressed", String(!comparing));
@@ -28,7 +31,7 @@ export function mount(main, context) {
     singlePane.hidden = comparing;
     comparePane.hidden = !comparing;
     const hash = comparing ? COMPARE_HASH : "#/";
-    if (location.hash !== hash) history.replaceState(null, "", hash);
+    if (intoUrl && location.hash !== hash) history.replaceState(null, "", hash);
   }
   singleButton.addEventListener("click", () => show("single"));
   compareButton.addEventListener("click", () => show("compare"));
@@ -48,7 +51,7 @@ export function mount(main, context) {
       comparePane
     )
   );
-  show(location.hash === COMPARE_HASH ? "compare" : "single");
+  show(location.hash === COMPARE_HASH ? "compare" : "single", { intoUrl: false });
   modelStatus.start(() => [...single.models(), ...compare.models()]);
   listAll(context.client).then(
     (found) => {
