@@ -20,21 +20,24 @@ export function mount(main, context) {
   const singlePane = el("div", { class: "pane", id: "single-pane", role: "region", "aria-label": "Single" }, single.element);
   const comparePane = el("div", { class: "pane", id: "compare-pane", role: "region", "aria-label": "Compare" }, compare.element);
 
-  // Only the toggle writes the mode into the URL. At mount the hash may already name another
-  // view (a link clicked while this one loaded, its hashchange not yet handled): rewriting it
-  // then would send the user back here instead of where they went.
-  function show(mode, { intoUrl = true } = {}) {
+  function show(mode) {
     closePopover();
     const comparing = mode === "compare";
     singleButton.setAttribute("aria-pressed", String(!comparing));
     compareButton.setAttribute("aria-pressed", String(comparing));
     singlePane.hidden = comparing;
     comparePane.hidden = !comparing;
-    const hash = comparing ? COMPARE_HASH : "#/";
-    if (intoUrl && location.hash !== hash) history.replaceState(null, "", hash);
   }
-  singleButton.addEventListener("click", () => show("single"));
-  compareButton.addEventListener("click", () => show("compare"));
+  // Only the toggle writes the mode into the URL, never the mount: by then the hash may already
+  // name another view (a link clicked while this one loaded), and rewriting it would send the
+  // user back here instead of where they went.
+  function choose(mode) {
+    show(mode);
+    const hash = mode === "compare" ? COMPARE_HASH : "#/";
+    if (location.hash !== hash) history.replaceState(null, "", hash);
+  }
+  singleButton.addEventListener("click", () => choose("single"));
+  compareButton.addEventListener("click", () => choose("compare"));
 
   main.replaceChildren(
     el(
@@ -51,7 +54,7 @@ export function mount(main, context) {
       comparePane
     )
   );
-  show(location.hash === COMPARE_HASH ? "compare" : "single", { intoUrl: false });
+  show(location.hash === COMPARE_HASH ? "compare" : "single");
   modelStatus.start(() => [...single.models(), ...compare.models()]);
   listAll(context.client).then(
     (found) => {
