@@ -7,12 +7,11 @@ submit (a job's body is a completions body under the same validation).
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
-from ..errors import BadJson
 from ..served_model import NodeModels
 from ..settings import Settings
+from .bounded_json import loads_bounded
 from .completion_rules import validate_completion
 from .validated import ValidatedCompletion
 
@@ -25,10 +24,7 @@ def parse_and_validate(
     body: bytes, models: NodeModels, settings: Settings, request_id: str | None
 ) -> tuple[Any, ValidatedCompletion]:
     """(the JSON as the client sent it, the validated request), or the AcsError to answer."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise BadJson("The request body is not valid JSON.") from None
+    data = loads_bounded(body)
     return data, validate_completion(data, models, settings, request_id)
 
 

@@ -75,7 +75,7 @@ def _wanted_model(body: bytes, default: str | None) -> str | None:
     """The body's `model`; `default` when the body is an object without one."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None

@@ -59,7 +59,7 @@ def fingerprint(route: str, body: bytes) -> str:
         canonical = json.dumps(
             json.loads(body), sort_keys=True, separators=(",", ":"), ensure_ascii=False
         ).encode()
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         canonical = body
     return hashlib.sha256(route.encode() + b"\n" + canonical).hexdigest()
 

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from ...contract.bounded_json import loads_bounded
 from ...contract.harvest_request import MAX_HARVEST_TOKENS, HarvestBody, parse_harvest_body
 from ...errors import (
     AcsError,
-    BadJson,
     DownloadRefused,
     HarvestCapacity,
     HarvestConcurrency,
@@ -149,11 +149,7 @@ class HarvestService:
     def _prepared(
         self, raw: bytes
     ) -> tuple[HarvestBody, ServedModel, tuple[int, ...], PreparedPrompts]:
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise BadJson("The request body is not valid JSON.") from None
-        body = parse_harvest_body(data)
+        body = parse_harvest_body(loads_bounded(raw))
         model = self.models.get(body.model)
         if model is None:
             raise UnknownModel(f"The model '{body.model}' does not exist.", param="model")

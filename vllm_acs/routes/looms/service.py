@@ -7,11 +7,11 @@ one transaction (`LoomRepository.change`); another key's Loom is a 404, never a 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from ...contract.bounded_json import loads_bounded
 from ...contract.completion_request import parse_body
 from ...contract.loom_requests import (
     LoomCreateBody,
@@ -20,7 +20,7 @@ from ...contract.loom_requests import (
     NodeSplitBody,
     NodeTextBody,
 )
-from ...errors import BadJson, InvalidRequest, LoomCapacity, LoomNodeLimit, LoomNotFound
+from ...errors import InvalidRequest, LoomCapacity, LoomNodeLimit, LoomNotFound
 from ...looms import operations
 from ...looms.export_file import export_document
 from ...looms.import_file import nodes_from_file
@@ -39,10 +39,7 @@ LIST_LIMIT_MAX = 100
 
 
 def json_of(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadJson("The request body is not valid JSON.") from None
+    return loads_bounded(raw)
 
 
 class LoomService:
