@@ -56,7 +56,7 @@ PUBLIC = {
     "/health": {"GET", "HEAD"},
     "/openapi.json": {"GET", "HEAD"},
     "/docs": {"GET", "HEAD"},
-    "/docs/oauth2-redirect": {"GET", "HEAD"},
+    "/docs/swagger-init.js": {"GET", "HEAD"},
     "/static/swagger-ui-bundle.js": {"GET", "HEAD"},
     "/static/swagger-ui.css": {"GET", "HEAD"},
     "/workbench": {"GET", "HEAD"},
@@ -78,7 +78,7 @@ VLLM_PATHS = (
     "/v1/chat/completions/render", "/v1/completions/render", "/v1/completions/derender",
     "/get_tokenizer_info", "/generative_scoring", "/v1/systemone",
 )  # fmt: skip
-STATIC_DOCS = ("/static/swagger-ui-bundle.js", "/static/swagger-ui.css")
+STATIC_DOCS = ("/static/swagger-ui-bundle.js", "/static/swagger-ui.css", "/docs/swagger-init.js")
 MADE_UP = (
     "/", "/made-up", "/v2/completions", "/invocations/", "/v1/completions/", "//v1/completions",
     "/v1", "/v1/", "/metrics/x", "/healthz", "/HEALTH", "/docs/x", "/v1/models/x/y", "/redoc",

@@ -15,7 +15,7 @@ from vllm_acs.settings import Settings
 UNDOCUMENTED = {
     "/openapi.json",
     "/docs",
-    "/docs/oauth2-redirect",
+    "/docs/swagger-init.js",
     "/static/swagger-ui-bundle.js",
     "/static/swagger-ui.css",
 }

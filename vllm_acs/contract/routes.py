@@ -71,7 +71,7 @@ PUBLIC_NODE_ROUTES: tuple[PublicRoute, ...] = (
     _route("/health", "GET"),
     _route("/openapi.json", "GET"),
     _route("/docs", "GET"),
-    _route("/docs/oauth2-redirect", "GET"),
+    _route("/docs/swagger-init.js", "GET"),
     _route("/static/swagger-ui-bundle.js", "GET"),
     _route("/static/swagger-ui.css", "GET"),
     # A harvest's files, by signed URL: the signature is the credential, not an API key.
