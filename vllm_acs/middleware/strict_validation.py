@@ -15,6 +15,7 @@ from ..errors import AcsError, InvalidRequest
 from ..metrics import VALIDATION_SECONDS
 from ..served_model import NodeModels
 from ..settings import Settings
+from ..storage.usage import recorded_workload
 from .asgi import ASGIApp, Receive, Scope, Send, header, read_body, request_id, send_error
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -59,7 +60,7 @@ class StrictValidationMiddleware:
             await send_error(scope, send, error)
             return
         VALIDATION_SECONDS.observe(time.perf_counter() - started)
-        validated.workload = header(scope, b"x-acs-workload")
+        validated.workload = recorded_workload(header(scope, b"x-acs-workload"))
         validated.may_clamp_to_budget = may_clamp
         scope.setdefault("state", {})[VALIDATED_COMPLETION_KEY] = validated
         await self.app(scope, receive, send)

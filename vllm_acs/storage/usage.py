@@ -20,6 +20,19 @@ from .periods import all_lines, counter_with_period, month_of, reservation
 from .tables import budget_counters, usage_rows
 from .transactions import write_transaction
 
+# The `X-Acs-Workload` values the spec names; any other value is recorded as none.
+WORKLOADS = frozenset({"interactive", "batch"})
+
+
+def recorded_workload(header: str | None) -> str | None:
+    """What a usage row records for an `X-Acs-Workload` header: one of `WORKLOADS` (case and
+    surrounding spaces ignored) or None. The spec ignores unrecognised values, so a long or odd
+    one never reaches the `workload` column (a row the database refuses)."""
+    if header is None or len(header) > 32:
+        return None
+    value = header.strip().lower()
+    return value if value in WORKLOADS else None
+
 
 @dataclass(frozen=True)
 class UsageRow:

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ...errors import AcsError, InternalError
 from ...storage.idempotency import IDEMPOTENCY_STATE_KEY, IdempotencyClaim
+from ...storage.usage import recorded_workload
 from ..answers import principal_of, response_of
 from ..error_response import error_response
 from ..long_poll import wait_seconds
@@ -35,7 +36,7 @@ def build_router(service: JobService) -> APIRouter:
                 principal_of(request),
                 claim.target,
                 request.headers.get(REQUEST_ID_HEADER),
-                request.headers.get("x-acs-workload"),
+                recorded_workload(request.headers.get("x-acs-workload")),
             )
             claim.completed = True  # stored with the job, in its transaction
             return response_of(answer)

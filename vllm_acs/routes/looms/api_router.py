@@ -17,6 +17,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from ...errors import AcsError, UpstreamBusy
 from ...looms.progress import ENDS, Event
 from ...storage.idempotency import IDEMPOTENCY_STATE_KEY, IdempotencyClaim
+from ...storage.usage import recorded_workload
 from ..answers import answer_of, principal_of, response_of
 from ..error_response import error_response
 from .generation_service import (
@@ -144,7 +145,7 @@ def build_router(looms: LoomService, generations: GenerationService) -> APIRoute
                 principal_of(request),
                 None if claim is None else claim.target,
                 request.headers.get("x-request-id"),
-                request.headers.get("x-acs-workload"),
+                recorded_workload(request.headers.get("x-acs-workload")),
             )
         except AcsError as error:
             return error_response(request, error)
