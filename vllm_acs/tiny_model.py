@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from .private_paths import make_private_folder
+
 BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN)
@@ -183,7 +185,7 @@ def write_tiny_model(directory: str | Path, shape: TinyLlamaShape | None = None)
 
     shape = shape or TinyLlamaShape()
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    make_private_folder(out)  # `make serve` writes it into the data home
     tokenizer = build_tokenizer(shape.vocab_size)
     bos_id, eos_id = tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
 

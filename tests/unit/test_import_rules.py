@@ -15,6 +15,7 @@ LEAVES = {
     "vllm_acs.served_model",
     "vllm_acs.principal",
     "vllm_acs.metrics",
+    "vllm_acs.private_paths",
 }
 # The pluggy extension points and the built-in key plugin run in the API server, framework-free.
 PLUGIN_MODULES = {"vllm_acs.hookspecs", "vllm_acs.plugins", "vllm_acs.key_auth"}

@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
+from ..private_paths import make_private_folder
+
 SECRET_FILE = "url-secret"
 
 
@@ -34,7 +36,7 @@ def load_or_create_secret(configured: str | None, home: Path) -> bytes:
         return path.read_bytes().strip()
     except FileNotFoundError:
         pass
-    home.mkdir(parents=True, exist_ok=True)
+    make_private_folder(home)
     # Written whole under a temporary name, then linked in place: of two processes starting at
     # once, one link wins and both read the same complete secret.
     temporary = home / f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}"

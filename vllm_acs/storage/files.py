@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from ..private_paths import make_private_folder
+
 # Path segments of letters, digits, `_`, `-` and `.`, never `.` or `..` alone.
 _SEGMENT = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9_.-]{1,200}$")
 
@@ -137,8 +139,9 @@ class LocalFileStore:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A temporary name in the same directory, then rename: atomic on POSIX.
+    make_private_folder(path.parent)
+    # A temporary name in the same directory, then rename: atomic on POSIX. mkstemp makes the
+    # file 0600, and the rename keeps it.
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
