@@ -123,6 +123,20 @@ OUTAGES = Counter(
     "counters (Redis) or the object store of the job files.",
     ["service"],
 )
+USAGE_ROWS_PENDING = Gauge(
+    "acs_usage_rows_pending",
+    "Usage rows this node holds that the database has not taken yet (the ledger's queue and "
+    "the batch being written); it grows while the database is down.",
+    multiprocess_mode="livesum",
+)
+USAGE_ROWS_DROPPED = Counter(
+    "acs_usage_rows_dropped",
+    "Usage rows this node could not write, each also logged at ERROR with its metadata: refused "
+    "(the database refused the row itself, on a data error, even with over-long text cut), "
+    "queue_full (usage_queue_max_rows were waiting), shutdown (still waiting when the server "
+    "stopped).",
+    ["reason"],
+)
 LEASES_LOST = Counter(
     "acs_leases_lost",
     "In-flight requests whose Redis lease had lapsed when this process renewed it (a stalled "

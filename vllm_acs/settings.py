@@ -106,6 +106,10 @@ class Settings:
     # Harvests: where job files live (unset: `home`/files), prompts one harvest keeps in the
     # engine at once (interactive requests share the engine meanwhile), harvests not ended in
     # the deployment before a submit is refused (`429 harvest_capacity_exceeded`), harvests per
+    # Usage rows waiting for the database (an outage) that one API process keeps; beyond it a
+    # row is not kept but logged at ERROR and counted (`acs_usage_rows_dropped{reason=
+    # "queue_full"}`). About 1 KB each.
+    usage_queue_max_rows: int = 50_000
     # key and UTC month (`429 harvest_quota_exceeded`; unset: unlimited), and `?wait=` reads one
     # node holds at once before it answers `X-Acs-Longpoll: declined`.
     files_dir: Path | None = None
@@ -152,6 +156,8 @@ class Settings:
             ("mailto:", "https://", "http://")
         ):
             raise SettingsError(
+        if self.usage_queue_max_rows < 1:
+            raise SettingsError(f"{ENV_PREFIX}USAGE_QUEUE_MAX_ROWS must be at least 1")
                 f"{ENV_PREFIX}FEEDBACK_URL must be a mailto: address or an http(s) URL, "
                 f"got {self.feedback_url!r}"
             )

@@ -184,7 +184,9 @@ async def open_storage(
         keys=KeyRepository(engine),
         key_events=KeyEventLog(engine),
         usage=usage,
-        ledger=UsageLedger(usage, on_written=on_usage_written),
+        ledger=UsageLedger(
+            usage, on_written=on_usage_written, max_pending=settings.usage_queue_max_rows
+        ),
         counters=counters,
         settings=settings,
         jobs=JobRepository(engine),
