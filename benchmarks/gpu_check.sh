@@ -3,8 +3,11 @@
 # with an NVIDIA GPU. Meant to finish in under 8 minutes. Run from the repository root:
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
 # Stages (each prints its own PASS/FAIL lines and figures; logs go to OUT_DIR, default ./gpu-check):
-#   1. the op alone, with torch: eager, inductor and a replayed CUDA graph agree, a captured graph
-#      follows new index contents, and what the op costs at rest (benchmarks/gpu_op_check.py);
+#   1. the op's fused Triton kernel, with torch and Triton alone (benchmarks/gpu_check.py, which
+#      writes OUT_DIR/stage1.log and stage1.json): parity with the reference, nothing written at
+#      rest, a CUDA graph that follows new indices, the op in torch.compile, 1 launch per layer
+#      call; then the op in a stand-in model: eager, inductor and a replayed CUDA graph agree, and
+#      what the op costs at rest (benchmarks/gpu_op_check.py);
 #   2. with vLLM installed (a venv from scripts/bootstrap-venv.sh, which takes vLLM's GPU build on
 #      a machine with nvidia-smi): the engine parity tests in eager mode, vLLM's default
 #      compilation (piecewise and full CUDA graphs) and each CUDA-graph mode alone;
@@ -12,8 +15,9 @@
 #      eager mode and vLLM's default compilation (the V2 runner is hooked, but vLLM's CPU build
 #      cannot run it: this is its first check in an engine), and the worker's log says V2;
 #   4. the overhead benchmark against plain vLLM in its default compiled mode (fewer rounds).
-# Stage 1 needs only torch, numpy and this checkout; stages 2-4 are skipped, and say so, where
-# vLLM is not importable (a device machine that reaches no package index).
+# Stage 1 needs only torch, Triton, numpy and this checkout (`python -m benchmarks.gpu_check
+# --interpret` runs its kernel part on a CPU, as the test suite does); stages 2-4 are skipped, and
+# say so, where vLLM is not importable (a device machine that reaches no package index).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-check}
@@ -28,7 +32,9 @@ stage "0. the machine"
 nvidia-smi -L || { echo "FAIL no NVIDIA GPU"; exit 1; }
 $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
 
-stage "1. the op alone (torch)"
+stage "1. the fused kernel (torch and Triton)"
+timeout 240 $PY -m benchmarks.gpu_check "$OUT" || status=1
+stage "1b. the op in a stand-in model (torch)"
 timeout 240 $PY -m benchmarks.gpu_op_check 2>&1 | tee "$OUT/op_check.log" || status=1
 
 if ! $PY -c 'import vllm' 2>/dev/null; then

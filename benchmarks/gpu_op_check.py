@@ -9,8 +9,9 @@ CUDA graph of the compiled model. Checks, each printed PASS/FAIL (exit 1 on any 
 - a CUDA graph captured once follows new index contents at every replay (the op reads the
   buffers; nothing of a step is baked into the graph);
 - timing: graph replays of the model with the op at rest against the same model without it.
-Run: `python -m benchmarks.gpu_op_check` (benchmarks/gpu_check.sh runs it first); `--cpu` runs the
-eager and compiled checks on the CPU (no CUDA graph), to try the script on a machine without a GPU.
+Run: `python -m benchmarks.gpu_op_check` (benchmarks/gpu_check.sh runs it in stage 1, after the
+fused kernel's own checks, benchmarks/gpu_check.py); `--cpu` runs the eager and compiled checks on
+the CPU (no CUDA graph), to try the script on a machine without a GPU.
 """
 
 from __future__ import annotations

@@ -12,9 +12,12 @@ of the step's batch and per layer, `indices[token, field, layer]` says:
 - `CAPTURE_ROW`: the capture buffer row the stream (after steering) is copied to; the buffer's
   last row is scratch, where every token that captures nothing writes.
 
-The math (`apply_interventions`) is branch-free: no host synchronisation, no `.item()`, no
-Python branch on data; a token with slot 0 adds exact zeros (bit-identical to plain). The CUDA
-kernel is that math as it is, so a captured CUDA graph replays it every step. The CPU kernel
+The math (`apply_interventions`, the reference) is branch-free: no host synchronisation, no
+`.item()`, no Python branch on data; a token with slot 0 adds exact zeros (bit-identical to
+plain). The CUDA kernel is one fused Triton launch per call (hooks/intervention_kernel.py,
+imported on its first call: the CPU build needs no Triton) with no host-side branch either, so a
+captured CUDA graph replays it every step; inside it a token at rest returns before it reads the
+stream, and writes nothing (not even the scratch row). The CPU kernel
 runs under no graph (inductor calls it each step), so it does only what the step's host plan
 says a layer needs (`CpuGate.layer_plans`, gathered from the same buffers once per batch
 layout), with the same results: an idle CPU node pays one call per layer and no tensor work.
@@ -23,9 +26,13 @@ A leaf module: torch only, no vLLM.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 NAMESPACE = "vllm_acs"
 OP_NAME = "intervene"
@@ -177,11 +184,31 @@ def _cpu_kernel(
         apply_interventions(hidden, residual, bank, indices, capture_buffer, layer)
 
 
+_FUSED: list[Callable[..., None]] = []
+
+
+def _fused() -> Callable[..., None]:
+    """The fused kernel's launcher, imported once; the reference where Triton cannot be imported
+    (the same results, more kernels), said once in the log."""
+    if not _FUSED:
+        try:
+            from .intervention_kernel import launch
+        except ImportError as error:
+            logger.warning(
+                "the fused intervention kernel is unavailable (%s): the op runs its reference "
+                "math, about 11 kernels per layer",
+                error,
+            )
+            launch = apply_interventions
+        _FUSED.append(launch)
+    return _FUSED[0]
+
+
 def _cuda_kernel(*args: Any) -> None:
-    """The schema's arguments, as `apply_interventions` takes them. Counted only when this Python
-    runs: eagerly, or while a CUDA graph is captured (a replay runs the kernels alone)."""
+    """The schema's arguments, to the fused kernel. Counted only when this Python runs: eagerly,
+    or while a CUDA graph is captured (a replay runs the kernel alone)."""
     CPU_GATE.calls += 1
-    apply_interventions(*args)
+    _fused()(*args)
 
 
 def _fake(*args: Any) -> None:
