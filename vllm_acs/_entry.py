@@ -135,7 +135,7 @@ class AcsEndpointPlugin:
         self.looms = LoomService(settings, utc_now)
         self.generations = GenerationService(self.looms, self.models, settings, utc_now)
         app.include_router(build_looms_router(self.looms, self.generations))
-        self.keys = KeyService(utc_now)
+        self.keys = KeyService(utc_now, settings.max_keys_per_account)
         app.include_router(build_keys_router(self.keys))
         app.include_router(build_usage_router(lambda: self.storage, utc_now))
         app.include_router(build_docs_router("vllm_acs"))

@@ -495,3 +495,12 @@ class KeyNotChangeable(AcsError):
     type = "invalid_request_error"
     code = "key_not_changeable"
     never_retry = True
+
+
+class KeyCapacity(AcsError):
+    """The account has as many live keys as it may have (`max_keys_per_account`)."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "key_capacity"
+    never_retry = True

@@ -58,7 +58,15 @@ async def ensure_local_key(settings: Settings, storage: Any) -> tuple[str, bool]
         account = await storage.accounts.get(ACCOUNT_NAME)
     except NotFoundError:
         account = await storage.accounts.create(ACCOUNT_NAME, approved=True)
-    _key, secret = await storage.keys.create(account.id, name=KEY_NAME)
+    from .principal import DEFAULT_SCOPES
+    from .storage.key_events import OPERATOR, KeyEvent
+
+    # Made on the operator's own machine by the operator's command: audited as the operator's.
+    scopes = sorted(DEFAULT_SCOPES)
+    event = KeyEvent(OPERATOR, "create", {"name": KEY_NAME, "scopes": scopes, "via": "local-key"})
+    _key, secret = await storage.keys.create(
+        account.id, name=KEY_NAME, scopes=tuple(scopes), event=event
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as handle:

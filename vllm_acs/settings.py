@@ -55,6 +55,9 @@ class Settings:
     # Activation requests (capture or steering) per key and UTC month when the key sets none;
     # unset: unlimited.
     default_monthly_activation_requests: int | None = None
+    # Live (active or paused) keys per account, for `POST /v1/keys` (`429 key_capacity`) and
+    # `vllm-acs keys create` alike; 0: no cap.
+    max_keys_per_account: int = 100
     # How long a slot or a hold outlives the process holding it (the holder renews it).
     lease_ms: int = 30_000
     # Full-vocabulary prompt logprobs together with an activation capture.

@@ -230,11 +230,15 @@ def test_keys_cycle_scopes_other_accounts_and_the_audit_trail(acs_server, auth, 
     assert steps == [
         ("operator", "create", admin["id"]),
         (admin["id"], "create", made["id"]),
+        # The refused creates (scope escalation, a budget above the account's total).
+        (admin["id"], "refuse", admin["id"]),
+        (admin["id"], "refuse", admin["id"]),
         (admin["id"], "pause", made["id"]),
         (admin["id"], "set", made["id"]),
         (admin["id"], "resume", made["id"]),
         (admin["id"], "revoke", made["id"]),
     ]
     assert log[1]["changes"] == {"monthly_tokens": 1000, "name": "made", "scopes": ["completions"]}
-    assert log[3]["changes"] == {"daily_tokens": 500, "name": "renamed"}
+    assert [log[2]["changes"]["field"], log[3]["changes"]["field"]] == ["scopes", "daily_tokens"]
+    assert log[5]["changes"] == {"daily_tokens": 500, "name": "renamed"}
     assert all("acs-bm-" not in str(e["changes"]) for e in log)  # never a secret

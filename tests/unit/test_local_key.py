@@ -52,3 +52,21 @@ def test_a_configured_database_never_gets_a_key_by_itself(tmp_path: Path):
     with pytest.raises(LocalKeyRefused, match="never makes keys"):
         asyncio.run(ensure_local_key(settings, storage=None))
     assert not key_file(settings).exists()
+
+
+def test_the_local_key_is_audited_as_the_operators_when_made(tmp_path: Path):
+    settings = Settings(home=tmp_path)
+    secret, _ = _run(settings, lambda storage: ensure_local_key(settings, storage))
+    _run(settings, lambda storage: ensure_local_key(settings, storage))  # a later run: no event
+
+    async def events(storage):
+        return await storage.key_events.list()
+
+    [event] = _run(settings, events)
+    assert (event.actor, event.action) == ("operator", "create")
+    assert event.changes == {
+        "name": "local",
+        "scopes": ["completions", "harvest", "jobs", "looms"],
+        "via": "local-key",
+    }
+    assert secret[:15] not in str(event.changes)

@@ -1,14 +1,19 @@
 """`KeyManager`: one service for managing keys, with two faces: the operator's `vllm-acs keys`
 commands (actor `operator`: any account, any scope, any limit) and the /v1/keys routes (a key with
-the `keys` scope acting on its own account: it grants at most the scopes it holds, sets only token
-budgets, none above the account's total). Every change is written to the audit trail in the
-transaction that makes it.
+the `keys` scope acting on its own account). A key never out-ranks its maker: it grants at most
+the scopes it holds, sets only token budgets, none above its own nor the account's total (so on
+itself it can lower a budget, never raise or clear it); a key it makes inherits every limit it
+does not lower; it never resumes a key that the operator paused. Keys per account are capped
+(`max_keys_per_account`, the operator's commands included). Every change is written to the audit
+trail in the transaction that makes it, and every refusal (`KeyRefused`) as a `refuse` row.
 
 CLI and API server process; storage and the leaves only (no web framework).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,7 +21,7 @@ from typing import Any
 from ..principal import DEFAULT_SCOPES, KEY_LIMIT_FIELDS, SCOPES, Principal
 from ..storage.accounts import Account, AccountRepository
 from ..storage.api_keys import ApiKey, KeyRepository
-from ..storage.errors import ConflictError, NotFoundError
+from ..storage.errors import ConflictError, KeyCapacityReached, NotFoundError, PausedByOperator
 from ..storage.key_events import OPERATOR, KeyEvent, KeyEventLog, KeyEventRow
 from ..storage.periods import key_monthly_counter
 from ..storage.usage import UsageRepository
@@ -25,6 +30,12 @@ from ..storage.usage import UsageRepository
 # the operator's).
 BUDGET_FIELDS = ("monthly_tokens", "daily_tokens", "monthly_input_tokens", "monthly_output_tokens")
 _ACTIONS = {"paused": "pause", "active": "resume", "revoked": "revoke"}
+# The audit trail's key id for a refused create by the operator (no key is involved).
+NO_KEY = "-"
+_OPERATOR_PAUSED = (
+    "API key {prefix} was paused by the operator; only the operator can resume it "
+    "(`vllm-acs keys resume`)"
+)
 
 
 class KeyRefused(Exception):
@@ -43,6 +54,22 @@ class BudgetAboveAccount(KeyRefused):
     """A key budget above the account's monthly total."""
 
 
+class LimitAboveOwn(KeyRefused):
+    """A key set a budget above its own, or cleared one while it has one itself."""
+
+
+class OperatorPaused(KeyRefused):
+    """A key tried to resume a key that the operator paused."""
+
+
+class TooManyKeys(KeyRefused):
+    """The account has `max_keys_per_account` live keys already."""
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message, None)
+        self.limit = limit
+
+
 class KeyNotFound(NotFoundError):
     """No such key, or (for a key actor) another account's: the same answer, never a 403."""
 
@@ -58,6 +85,9 @@ class Actor:
     id: str
     account_id: str | None
     scopes: frozenset[str]
+    # The key's limits as its principal carries them (defaults resolved): used only when the
+    # key has no row of its own (a plugin's principal); a stored key's own row is read instead.
+    limits: tuple[tuple[str, int | None], ...] = ()
 
     @classmethod
     def operator(cls) -> Actor:
@@ -65,7 +95,8 @@ class Actor:
 
     @classmethod
     def of_key(cls, principal: Principal) -> Actor:
-        return cls(principal.key_id, principal.account_id, frozenset(principal.scopes))
+        limits = tuple((f, getattr(principal.limits, f)) for f in KEY_LIMIT_FIELDS)
+        return cls(principal.key_id, principal.account_id, frozenset(principal.scopes), limits)
 
     @property
     def is_operator(self) -> bool:
@@ -88,11 +119,14 @@ class KeyManager:
         keys: KeyRepository,
         events: KeyEventLog,
         usage: UsageRepository,
+        max_keys_per_account: int | None = None,
     ) -> None:
         self._accounts = accounts
         self._keys = keys
         self._events = events
         self._usage = usage
+        # Live (active or paused) keys per account; None or 0: no cap.
+        self._max_keys = max_keys_per_account or None
 
     async def _account_of(self, actor: Actor, account_ref: str | None) -> Account:
         if actor.is_operator:
@@ -111,7 +145,15 @@ class KeyManager:
             raise KeyNotFound(f"no key {ref!r}")
         return key
 
-    def _check(self, actor: Actor, account: Account, settings: dict[str, Any]) -> None:
+    async def _own_limits(self, actor: Actor) -> dict[str, int | None]:
+        """The acting key's own stored limits (None: no cap, or the operator's default)."""
+        try:
+            key = await self._keys.get(actor.id)
+        except NotFoundError:
+            return dict(actor.limits)
+        return {f: getattr(key, f) for f in KEY_LIMIT_FIELDS}
+
+    async def _check(self, actor: Actor, account: Account, settings: dict[str, Any]) -> None:
         if actor.is_operator:
             return
         for field in settings:
@@ -124,6 +166,23 @@ class KeyManager:
                 raise ScopeEscalation(
                     f"this API key cannot grant scopes it does not hold: {', '.join(missing)}",
                     "scopes",
+                )
+        own = await self._own_limits(actor)
+        for field in BUDGET_FIELDS:
+            if field not in settings or own.get(field) is None:
+                continue
+            value, mine = settings[field], own[field]
+            if value is None:
+                raise LimitAboveOwn(
+                    f"this API key cannot clear '{field}': it has a '{field}' of {mine} "
+                    "itself, and a key sets no budget above its own",
+                    field,
+                )
+            if value > mine:
+                raise LimitAboveOwn(
+                    f"'{field}' ({value}) is above this API key's own '{field}' ({mine}); a key "
+                    "sets no budget above its own",
+                    field,
                 )
         total = account.monthly_tokens
         for field in BUDGET_FIELDS:
@@ -147,14 +206,52 @@ class KeyManager:
         """A new key and its secret (never readable again). A key actor's new key gets the
         default scopes it holds itself unless `scopes` names others it holds."""
         account = await self._account_of(actor, account_ref)
+        asked = {"name": name, "scopes": None if scopes is None else sorted(scopes), **limits}
         if scopes is None:
             scopes = tuple(sorted(DEFAULT_SCOPES & actor.scopes)) or tuple(sorted(actor.scopes))
-        self._check(actor, account, {"scopes": scopes, **limits})
-        set_limits = {f: v for f, v in limits.items() if v is not None}
-        event = KeyEvent(actor.id, "create", {"name": name, "scopes": sorted(scopes), **set_limits})
-        return await self._keys.create(
-            account.id, name=name, scopes=tuple(scopes), event=event, **set_limits
-        )
+        refused_on = actor.id if not actor.is_operator else NO_KEY
+        async with self._auditing(actor, account.id, refused_on, "create", asked):
+            await self._check(actor, account, {"scopes": scopes, **limits})
+            if not actor.is_operator:
+                # What the key does not set is its own value, never "no limit".
+                own = await self._own_limits(actor)
+                limits = {**{f: own[f] for f in KEY_LIMIT_FIELDS if f not in limits}, **limits}
+            set_limits = {f: v for f, v in limits.items() if v is not None}
+            event = KeyEvent(
+                actor.id, "create", {"name": name, "scopes": sorted(scopes), **set_limits}
+            )
+            try:
+                return await self._keys.create(
+                    account.id,
+                    name=name,
+                    scopes=tuple(scopes),
+                    event=event,
+                    max_live=self._max_keys,
+                    **set_limits,
+                )
+            except KeyCapacityReached as full:
+                raise TooManyKeys(
+                    f"account {account.name!r} has {full.limit} live keys, the most it may have "
+                    "(max_keys_per_account); revoke one first",
+                    full.limit,
+                ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.asynccontextmanager
+    async def _auditing(
+        self, actor: Actor, account_id: str, key_id: str, attempt: str, asked: dict[str, Any]
+    ) -> AsyncIterator[None]:
+        """Writes a `refuse` row to the audit trail when the block raises `KeyRefused`."""
+        try:
+            yield
+        except KeyRefused as refusal:
+            changes: dict[str, Any] = {"attempt": attempt, "asked": asked, "reason": str(refusal)}
+            if refusal.field is not None:
+                changes["field"] = refusal.field
+            await self._events.record(
+                KeyEvent(actor.id, "refuse", changes), key_id=key_id, account_id=account_id
+            )
+            raise
 
     async def list(self, actor: Actor, account_ref: str | None = None) -> list[ApiKey]:
         if actor.is_operator and account_ref is None:
@@ -187,6 +284,10 @@ class KeyManager:
         """`change` then, where `state` differs from the key's, `set_state`: the key looked up
         once (PATCH /v1/keys/{id})."""
         key = await self.get(actor, ref)
+        if state is not None and state != key.state:
+            # Refused before anything changes: a refused PATCH changes nothing.
+            async with self._auditing(actor, key.account_id, key.id, "set", {"state": state}):
+                self._check_state(actor, key, state)
         if settings:
             key = await self._change(actor, key, settings)
         if state is not None and state != key.state:
@@ -201,22 +302,38 @@ class KeyManager:
             raise ValueError(f"unknown key settings: {sorted(unknown)}")
         if not settings:
             return key
-        self._check(actor, await self._accounts.get(key.account_id), settings)
+        changes = {k: (sorted(v) if k == "scopes" else v) for k, v in settings.items()}
+        async with self._auditing(actor, key.account_id, key.id, "set", changes):
+            await self._check(actor, await self._accounts.get(key.account_id), settings)
         stored = dict(settings)
         if "scopes" in stored:
             stored["scopes"] = ",".join(stored["scopes"])
-        changes = {k: (sorted(v) if k == "scopes" else v) for k, v in settings.items()}
         event = KeyEvent(actor.id, "set", changes)
         return await self._keys.set_limits(key.id, event, **stored)
 
-    async def _set_state(self, actor: Actor, key: ApiKey, state: str) -> ApiKey:
+    def _check_state(self, actor: Actor, key: ApiKey, state: str) -> None:
         if state not in _ACTIONS:
             raise ValueError(f"state must be one of {sorted(_ACTIONS)}")
-        event = KeyEvent(actor.id, _ACTIONS[state], {"state": state})
-        try:
-            return await self._keys.set_state(key.id, state, event)
-        except ConflictError as error:
-            raise KeyRevoked(str(error)) from None
+        if (
+            not actor.is_operator
+            and state == "active"
+            and key.state == "paused"
+            and key.paused_by == OPERATOR
+        ):
+            raise OperatorPaused(_OPERATOR_PAUSED.format(prefix=key.prefix), "state")
+
+    async def _set_state(self, actor: Actor, key: ApiKey, state: str) -> ApiKey:
+        attempt = _ACTIONS.get(state, state)
+        async with self._auditing(actor, key.account_id, key.id, attempt, {"state": state}):
+            self._check_state(actor, key, state)
+            event = KeyEvent(actor.id, _ACTIONS[state], {"state": state})
+            try:
+                return await self._keys.set_state(key.id, state, event, by=actor.id)
+            except PausedByOperator:  # the operator paused it since it was read
+                raise OperatorPaused(_OPERATOR_PAUSED.format(prefix=key.prefix), "state") from None
+            except ConflictError as error:
+                raise KeyRevoked(str(error)) from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def log(
         self, account_ref: str | None = None, key_ref: str | None = None, limit: int = 100

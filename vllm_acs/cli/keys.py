@@ -2,7 +2,9 @@
 (`account/key_manager.py`), which the /v1/keys routes share. Operator's shell.
 
 The operator acts on any account with any scope and limit; each change lands in the audit trail
-as actor `operator`, which `keys log` prints. A key's secret is printed once, at creation.
+as actor `operator`, which `keys log` prints. A key's secret is printed once, at creation. Only
+the operator resumes a key the operator paused. `keys create` is held to `max_keys_per_account`
+live keys per account like `POST /v1/keys` (raise the setting to make more).
 """
 
 from __future__ import annotations
@@ -24,8 +26,15 @@ def _flag(field: str) -> str:
 
 def _manager(storage: Any) -> Any:
     from ..account.key_manager import KeyManager
+    from ..settings import Settings
 
-    return KeyManager(storage.accounts, storage.keys, storage.key_events, storage.usage)
+    return KeyManager(
+        storage.accounts,
+        storage.keys,
+        storage.key_events,
+        storage.usage,
+        max_keys_per_account=Settings.load().max_keys_per_account,
+    )
 
 
 async def _keys(args: argparse.Namespace, storage: Any) -> int:

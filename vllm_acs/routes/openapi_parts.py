@@ -74,7 +74,8 @@ ERROR_TEXT = {
     "vllm_context_length)",
     401: "No valid key (missing_authorization, invalid_api_key, key_revoked, key_disabled, "
     "account_suspended, account_not_approved)",
-    403: "scope_denied: the key lacks the route's scope (or grants one it does not hold); "
+    403: "scope_denied: the key lacks the route's scope (or grants one it does not hold, sets a "
+    "budget above its own, or resumes a key the operator paused); "
     "download_url_invalid: an expired, "
     "unsigned or altered download URL",
     404: "Unknown route or id (not_found, model_not_found, job_not_found, harvest_job_not_found, "
@@ -85,7 +86,7 @@ ERROR_TEXT = {
     413: "request_too_large",
     416: "range_not_satisfiable: the Range is not one range inside the file",
     429: "budget_exceeded, activation_quota_exceeded, job_capacity, harvest_quota_exceeded, "
-    "loom_capacity (no Retry-After), queue_full, rate_limited, spend_cap, "
+    "loom_capacity, key_capacity (no Retry-After), queue_full, rate_limited, spend_cap, "
     "harvest_concurrency_exceeded, harvest_capacity_exceeded (Retry-After)",
     500: "internal_error",
     502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error; "

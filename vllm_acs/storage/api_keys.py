@@ -21,10 +21,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..principal import DEFAULT_SCOPES, KEY_LIMIT_FIELDS, SCOPES
 from .api_key_secret import hash_secret, new_secret, visible_prefix
-from .errors import ConflictError, NotFoundError
-from .key_events import KeyEvent, record_event
+from .errors import ConflictError, KeyCapacityReached, NotFoundError, PausedByOperator
+from .key_events import OPERATOR, KeyEvent, record_event
 from .tables import accounts, api_keys, usage_rows
-from .transactions import point_read, write_transaction
+from .transactions import point_read, serialize_per_key, write_transaction
 
 KEY_STATES = ("active", "paused", "revoked")
 
@@ -47,6 +47,8 @@ class ApiKey:
     monthly_activation_requests: int | None
     created_at: datetime | None = None
     revoked_at: datetime | None = None
+    # A paused key's pauser: `operator`, or the id of the key that paused it (None: not paused).
+    paused_by: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -89,6 +91,7 @@ def _key(row: Any) -> ApiKey:
         **{f: getattr(row, f) for f in KEY_LIMIT_FIELDS},
         created_at=_utc(row.created_at),
         revoked_at=_utc(row.revoked_at),
+        paused_by=row.paused_by,
     )
 
 
@@ -126,10 +129,13 @@ class KeyRepository:
         scopes: tuple[str, ...] = tuple(sorted(DEFAULT_SCOPES)),
         name: str | None = None,
         event: KeyEvent | None = None,
+        max_live: int | None = None,
         **limits: int | None,
     ) -> tuple[ApiKey, str]:
         """A new active key; returns it with its secret, which is never readable again.
-        `event` (its changes completed with the key's settings) goes to the audit trail."""
+        `event` (its changes completed with the key's settings) goes to the audit trail.
+        `max_live`: refused (`KeyCapacityReached`) when the account has that many keys that are
+        not revoked; counted and inserted in one transaction, exclusive per account."""
         unknown = set(limits) - set(KEY_LIMIT_FIELDS)
         if unknown:
             raise ValueError(f"unknown key limits: {sorted(unknown)}")
@@ -148,6 +154,8 @@ class KeyRepository:
             }
             try:
                 async with write_transaction(self._engine) as conn:
+                    if max_live is not None:
+                        await _check_live(conn, account_id, max_live)
                     await conn.execute(api_keys.insert().values(**values))
                     if event is not None:
                         await record_event(
@@ -197,13 +205,22 @@ class KeyRepository:
         async with self._engine.connect() as conn:
             return {row.key_id: _utc(row.at) for row in await conn.execute(query) if row.at}
 
-    async def update(self, ref: str, event: KeyEvent | None = None, **values: Any) -> ApiKey:
+    async def update(
+        self, ref: str, event: KeyEvent | None = None, *, by: str = OPERATOR, **values: Any
+    ) -> ApiKey:
         """Changes a key; a state change of a revoked key is refused (revoking is permanent).
-        The check is part of the UPDATE, so a revoke that lands first always wins."""
+        The check is part of the UPDATE, so a revoke that lands first always wins. Another
+        actor than the operator (`by`) neither resumes nor re-pauses a key the operator paused
+        (a resume is `PausedByOperator`, a pause leaves it as it is), in the UPDATE too, so an
+        operator's pause that lands first wins."""
         key = await self.get(ref)
         statement = update(api_keys).where(api_keys.c.id == key.id)
         if "state" in values:
             statement = statement.where(api_keys.c.state != "revoked")
+        guarded = values.get("state") in ("active", "paused") and by != OPERATOR
+        if guarded:
+            c = api_keys.c
+            statement = statement.where(or_(c.paused_by.is_(None), c.paused_by != OPERATOR))
         async with write_transaction(self._engine) as conn:
             changed = (await conn.execute(statement.values(**values))).rowcount
             if changed and event is not None:
@@ -215,14 +232,26 @@ class KeyRepository:
                     at=datetime.now(timezone.utc),
                 )
         if not changed:
+            now = await self.get(key.id)
+            if guarded and now.state == "paused" and values["state"] == "paused":
+                return now  # the operator's pause stays the operator's
+            if guarded and now.state == "paused":
+                raise PausedByOperator(
+                    f"key {key.prefix} was paused by the operator; only the operator resumes it"
+                )
             raise ConflictError(f"key {key.prefix} is revoked; revoking is permanent")
         return await self.get(key.id)
 
-    async def set_state(self, ref: str, state: str, event: KeyEvent | None = None) -> ApiKey:
+    async def set_state(
+        self, ref: str, state: str, event: KeyEvent | None = None, *, by: str = OPERATOR
+    ) -> ApiKey:
+        """`by` (the operator, or a key's id) is kept as the pauser of a paused key."""
         if state not in KEY_STATES:
             raise ValueError(f"state must be one of {KEY_STATES}")
-        extra = {"revoked_at": datetime.now(timezone.utc)} if state == "revoked" else {}
-        return await self.update(ref, event, state=state, **extra)
+        extra: dict[str, Any] = {"paused_by": by if state == "paused" else None}
+        if state == "revoked":
+            extra["revoked_at"] = datetime.now(timezone.utc)
+        return await self.update(ref, event, by=by, state=state, **extra)
 
     async def set_limits(
         self, ref: str, event: KeyEvent | None = None, **limits: int | str | None
@@ -258,6 +287,19 @@ class KeyRepository:
         if reader is not None:
             with contextlib.suppress(Exception):
                 await reader.close()
+
+
+async def _check_live(conn: Any, account_id: str, max_live: int) -> None:
+    await serialize_per_key(conn, f"account-keys:{account_id}")
+    live = (
+        await conn.execute(
+            select(func.count())
+            .select_from(api_keys)
+            .where(api_keys.c.account_id == account_id, api_keys.c.state != "revoked")
+        )
+    ).scalar_one()
+    if live >= max_live:
+        raise KeyCapacityReached(max_live)
 
 
 # Built once: constructing the statement per request costs more than running it on SQLite.

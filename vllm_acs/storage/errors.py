@@ -79,3 +79,15 @@ class LoomLimitReached(StorageError):
         super().__init__(f"loom {limit} limit {value} reached")
         self.limit = limit
         self.value = value
+
+
+class KeyCapacityReached(StorageError):
+    """The account has `limit` live keys (active or paused) already: no new one is made."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"at most {limit} live keys per account")
+        self.limit = limit
+
+
+class PausedByOperator(StorageError):
+    """A key that the operator paused: only the operator resumes it."""

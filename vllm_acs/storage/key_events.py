@@ -2,7 +2,8 @@
 that makes the change (`KeyRepository.create` / `update`), read by `vllm-acs keys log`.
 
 Used by the CLI and the API server. A row names the actor (a key id, or `operator` for the
-command line), the action, the key and what changed; never a secret or a hash.
+command line), the action, the key and what changed; never a secret or a hash. A change the key
+manager refused is a row too (action `refuse`, written on its own): what was asked and why not.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .tables import key_events
+from .transactions import write_transaction
 
 OPERATOR = "operator"
-ACTIONS = ("create", "set", "pause", "resume", "revoke")
+ACTIONS = ("create", "set", "pause", "resume", "revoke", "refuse")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,13 @@ def _row(row: Any) -> KeyEventRow:
 class KeyEventLog:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
+
+    async def record(self, event: KeyEvent, *, key_id: str, account_id: str) -> None:
+        """One row in a transaction of its own (a refusal: no change to write it with)."""
+        async with write_transaction(self._engine) as conn:
+            await record_event(
+                conn, event, key_id=key_id, account_id=account_id, at=datetime.now(timezone.utc)
+            )
 
     async def list(
         self,

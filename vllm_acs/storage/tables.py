@@ -58,6 +58,9 @@ api_keys = Table(
     Column("monthly_activation_requests", Integer, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("revoked_at", DateTime(timezone=True), nullable=True),
+    # Who paused a paused key (migration 0007): `operator`, or the id of the key that paused it.
+    # Only the operator resumes a key the operator paused.
+    Column("paused_by", String(40), nullable=True),
 )
 
 # The audit trail of key management (migration 0006): which actor (a key id, or `operator` for

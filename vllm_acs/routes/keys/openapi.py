@@ -32,7 +32,7 @@ def _body(name: str) -> dict[str, Any]:
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
-    headers = {400: ("x-should-retry",), 409: RETRY, 503: RETRY}
+    headers = {400: ("x-should-retry",), 409: RETRY, 429: ("x-should-retry",), 503: RETRY}
     return {str(s): error_doc(s, *headers.get(s, ())) for s in statuses}
 
 
@@ -43,9 +43,12 @@ def key_paths() -> dict[str, Any]:
                 "operationId": "createKey",
                 "summary": "A new key of the caller's account; its secret is shown this once",
                 "description": f"{_SCOPE_NOTE} A key grants at most the scopes it holds (403 "
-                "scope_denied, param scopes); a budget above the account's monthly total is a "
-                "400 naming the field. With Idempotency-Key a resent create returns the same "
-                "key and secret (Idempotent-Replayed: true).",
+                "scope_denied, param scopes) and budgets at most its own (403 scope_denied, "
+                "param the budget); a budget left out is the caller's own. A budget above the "
+                "account's monthly total is a 400 naming the field. An account with "
+                "max_keys_per_account live keys is refused (429 key_capacity). With "
+                "Idempotency-Key a resent create returns the same key and secret "
+                "(Idempotent-Replayed: true).",
                 "parameters": [IDEMPOTENCY_KEY],
                 "requestBody": _body("KeyCreateBody"),
                 "responses": {
@@ -55,7 +58,7 @@ def key_paths() -> dict[str, Any]:
                         "Location",
                         "Idempotent-Replayed",
                     ),
-                    **_errors(400, 401, 403, 409, 413, 500, 503),
+                    **_errors(400, 401, 403, 409, 413, 429, 500, 503),
                 },
             },
             "get": {
@@ -73,8 +76,10 @@ def key_paths() -> dict[str, Any]:
                 "operationId": "updateKey",
                 "summary": "Rename a key, change its budgets (null clears one), pause or resume it",
                 "description": f"{_SCOPE_NOTE} A paused key is refused (401 key_disabled) on "
-                "every node from its next request. Another account's key is a 404; a revoked "
-                "key is a 409 key_not_changeable.",
+                "every node from its next request. A budget is at most the caller's own (a key "
+                "lowers its own, never raises or clears them) and a key the operator paused is "
+                "resumed by the operator only (both 403 scope_denied). Another account's key "
+                "is a 404; a revoked key is a 409 key_not_changeable.",
                 "parameters": [_KEY_ID],
                 "requestBody": _body("KeyPatchBody"),
                 "responses": {

@@ -18,6 +18,11 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 Name = Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)]
 Budget = Annotated[int, Field(ge=0, le=BUDGET_MAX)]
 Scope = Literal["completions", "jobs", "harvest", "looms", "keys"]
+# A new key's budget: never above the calling key's own (issue 31).
+_INHERITED = (
+    "; at most the calling key's own; left out: the calling key's own; null: no cap (only for "
+    "a key without one)"
+)
 
 
 class KeyCreateBody(BaseModel):
@@ -32,21 +37,27 @@ class KeyCreateBody(BaseModel):
         "scopes other than `keys`",
     )
     monthly_tokens: Budget | None = Field(
-        default=None, description="prompt + completion tokens per UTC month; null: no cap"
+        default=None,
+        description="prompt + completion tokens per UTC month" + _INHERITED,
     )
     daily_tokens: Budget | None = Field(
-        default=None, description="prompt + completion tokens per UTC day; null: no cap"
+        default=None,
+        description="prompt + completion tokens per UTC day" + _INHERITED,
     )
     monthly_input_tokens: Budget | None = Field(
-        default=None, description="prompt tokens per UTC month; null: no cap"
+        default=None,
+        description="prompt tokens per UTC month" + _INHERITED,
     )
     monthly_output_tokens: Budget | None = Field(
-        default=None, description="completion tokens per UTC month; null: no cap"
+        default=None,
+        description="completion tokens per UTC month" + _INHERITED,
     )
 
 
 class KeyPatchBody(BaseModel):
-    """Only the fields sent change; a budget sent as null is cleared."""
+    """Only the fields sent change; a budget sent as null is cleared. A budget is at most the
+    calling key's own (a key lowers its own budgets, never raises or clears them); a key that
+    the operator paused is resumed by the operator only (`403 scope_denied`)."""
 
     model_config = _STRICT
 

@@ -17,10 +17,13 @@ from ...account.key_manager import (
     KeyNotFound,
     KeyRefused,
     KeyRevoked,
+    LimitAboveOwn,
+    OperatorPaused,
     ScopeEscalation,
+    TooManyKeys,
 )
 from ...contract.completion_request import parse_body
-from ...errors import InvalidRequest, KeyNotChangeable, ScopeDenied
+from ...errors import InvalidRequest, KeyCapacity, KeyNotChangeable, ScopeDenied
 from ...errors import KeyNotFound as KeyNotFoundError
 from ...principal import Principal
 from ...storage import Storage
@@ -55,8 +58,10 @@ def key_view(key: ApiKey, month_spend: int, last_used_at: datetime | None) -> Ap
 def _as_acs_error(error: Exception, key_id: str | None = None) -> Exception:
     if isinstance(error, KeyNotFound):
         return KeyNotFoundError(f"No API key '{key_id}' in this account.", param="key_id")
-    if isinstance(error, ScopeEscalation):
+    if isinstance(error, (ScopeEscalation, LimitAboveOwn, OperatorPaused)):
         return ScopeDenied(str(error), param=error.field)
+    if isinstance(error, TooManyKeys):
+        return KeyCapacity(str(error))
     if isinstance(error, KeyRefused):  # BudgetAboveAccount among them
         return InvalidRequest(str(error), param=error.field)
     if isinstance(error, KeyRevoked):
@@ -67,12 +72,21 @@ def _as_acs_error(error: Exception, key_id: str | None = None) -> Exception:
 class KeyService:
     """Bound to storage once the engine is up (`bind`, from init_state)."""
 
-    def __init__(self, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self, clock: Callable[[], datetime], max_keys_per_account: int | None = None
+    ) -> None:
         self.clock = clock
+        self.max_keys_per_account = max_keys_per_account
         self.manager: KeyManager | None = None
 
     def bind(self, storage: Storage) -> None:
-        self.manager = KeyManager(storage.accounts, storage.keys, storage.key_events, storage.usage)
+        self.manager = KeyManager(
+            storage.accounts,
+            storage.keys,
+            storage.key_events,
+            storage.usage,
+            max_keys_per_account=self.max_keys_per_account,
+        )
 
     @property
     def _manager(self) -> KeyManager:
@@ -86,7 +100,8 @@ class KeyService:
 
     async def create(self, raw: bytes, principal: Principal) -> Answer:
         body = parse_body(KeyCreateBody, json_of(raw))
-        limits = {f: getattr(body, f) for f in BUDGET_FIELDS}
+        # Only the budgets sent: one left out is the calling key's own (null: no cap).
+        limits = {f: getattr(body, f) for f in BUDGET_FIELDS if f in body.model_fields_set}
         scopes = tuple(dict.fromkeys(body.scopes)) if body.scopes is not None else None
         try:
             key, secret = await self._manager.create(
@@ -119,6 +134,6 @@ class KeyService:
     async def revoke(self, key_id: str, principal: Principal) -> dict[str, Any]:
         try:  # revoking a revoked key again changes nothing and answers as the first did
             key = await self._manager.edit(Actor.of_key(principal), key_id, {}, "revoked")
-        except (KeyNotFound, KeyRevoked) as error:
+        except (KeyRefused, KeyNotFound, KeyRevoked) as error:
             raise _as_acs_error(error, key_id) from None
         return (await self._view(key)).model_dump()
