@@ -19,7 +19,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from vllm_acs.contract.harvest_request import HARVEST_BODY_LIMIT_BYTES
 from vllm_acs.contract.routes import PUBLIC_NODE_ROUTES, PUBLIC_V1_ROUTES
+from vllm_acs.routes.openapi import build_openapi
+from vllm_acs.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
@@ -335,3 +338,51 @@ def test_document_covers_the_public_surface(acs_server):
                     schema_ref = response["content"]["application/json"]["schema"]["$ref"]
                     assert schema_ref.endswith("/ErrorEnvelope"), (path, status)
                     assert "X-Request-Id" in response["headers"]
+
+
+# Hostile bodies, sent raw (no JSON library writes them) to every operation that takes one, and
+# validated by schemathesis against the operation's documented answers: a body nested 100,000
+# deep, and one a byte over the operation's body limit (the node's defaults).
+DEEP_BODY = b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+BODY_LIMITS = {"/v1/harvest": HARVEST_BODY_LIMIT_BYTES, "/v1/looms/import": 16 * 1024 * 1024}
+
+
+def oversized_body(path: str) -> bytes:
+    padding = BODY_LIMITS.get(path, Settings().body_limit_bytes) + 1 - len(b'{"prompt":""}')
+    return b'{"prompt":"' + b"a" * padding + b'"}'
+
+
+# Every operation whose document says it takes a body.
+BODY_OPERATIONS = sorted(
+    (path, method.upper())
+    for path, operations in build_openapi(Settings(), "test")["paths"].items()
+    for method, operation in operations.items()
+    if "requestBody" in operation
+)
+
+
+@pytest.mark.parametrize("kind", ["deep", "oversized"])
+@pytest.mark.parametrize(("path", "method"), BODY_OPERATIONS)
+def test_hostile_bodies_are_refused_as_documented(
+    api_schema, acs_server, auth, keys_auth, path, method, kind
+):
+    operation = api_schema[path][method]
+    ids: dict[str, str] = {}
+    if "{loom_id}" in path:
+        real = real_loom(acs_server.base_url, auth)
+        ids = {"loom_id": real["loom_id"], "node_id": real["child"]}  # replay needs a model node
+    if path.startswith("/v1/keys"):
+        auth = keys_auth
+    if "{key_id}" in path:
+        ids = {"key_id": real_key(acs_server.base_url, auth)}
+    case = operation.Case(path_parameters=ids, body={}, media_type="application/json")
+    response = httpx.request(
+        method,
+        f"{acs_server.base_url}{case.formatted_path}",
+        content=DEEP_BODY if kind == "deep" else oversized_body(path),
+        headers={**auth, "Content-Type": "application/json", "Idempotency-Key": kind},
+        timeout=120,
+    )
+    case.validate_response(response, checks=CHECKS)
+    expected = {"deep": (400, "bad_json"), "oversized": (413, "request_too_large")}[kind]
+    assert (response.status_code, response.json()["error"]["code"]) == expected, response.text
