@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .private_paths import make_private_folder
 from .settings import Settings
 from .storage.api_key_secret import looks_like_secret, secret_matches, visible_prefix
 
@@ -67,7 +68,7 @@ async def ensure_local_key(settings: Settings, storage: Any) -> tuple[str, bool]
     _key, secret = await storage.keys.create(
         account.id, name=KEY_NAME, scopes=tuple(scopes), event=event
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_folder(path.parent)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as handle:
         handle.write(secret + "\n")

@@ -18,6 +18,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from ..private_paths import touch_private_file
 from ..settings import Settings, SettingsError
 from .accounts import AccountRepository
 from .api_keys import KeyRepository
@@ -44,7 +45,7 @@ def create_engine(url: str) -> AsyncEngine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            touch_private_file(Path(parsed.database))
         engine = create_async_engine(url)
         event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         return engine
@@ -109,7 +110,9 @@ def _sqlite_upgrade_lock(url: str) -> Iterator[None]:
     if not database or database == ":memory:":
         yield
         return
-    with open(f"{database}.upgrade-lock", "a+b") as handle:
+    lock = Path(f"{database}.upgrade-lock")
+    touch_private_file(lock)
+    with open(lock, "a+b") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
