@@ -160,8 +160,9 @@ class AcsEndpointPlugin:
         )
         app.add_middleware(StrictValidationMiddleware, models=self.models, settings=settings)
         app.add_middleware(DeferredMiddleware, build=self._idempotency)
-        app.add_middleware(AuthMiddleware, plugin_manager=self.plugins)
+        # Inside Auth: no body is read (to find its model) before the key is checked.
         app.add_middleware(DeferredMiddleware, build=self._forwarding)
+        app.add_middleware(AuthMiddleware, plugin_manager=self.plugins)
         app.add_middleware(
             BodyLimitMiddleware,
             limit_bytes=settings.body_limit_bytes,

@@ -1,7 +1,8 @@
 """AuthMiddleware: every `/v1/*` request needs a principal; the route's scope must be granted.
 
-API server process, after BodyLimit and before StrictValidation. It asks the `acs_authenticate`
-hooks (the built-in key check is the last of them), stores the principal on
+API server process, after BodyLimit and before Forwarding and StrictValidation: it reads no body,
+so a request without a valid key is answered before any of its body is read. It asks the
+`acs_authenticate` hooks (the built-in key check is the last of them), stores the principal on
 `scope["state"]["acs_principal"]`, and answers 401 / 403 in the spec's envelope.
 """
 

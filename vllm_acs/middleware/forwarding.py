@@ -1,13 +1,15 @@
 """ForwardingMiddleware: a request for a model another node serves is answered by that node.
 
-API server process, outside Auth: the node that serves the model authenticates, admits, runs and
-settles the request, once; this node only carries bytes both ways (streams as they come,
-activations included) with the client's request id. The writing POSTs that name a model are
-forwarded (completions, completion jobs, harvests, a Loom branch or score: their body's `model`;
-a Loom replay: the model its Node recorded, read from the shared database) when the model is not
-this node's and a live node of the deployment serves it. A connection that fails before an
-answer ejects that node at once and the next one is tried; with none left the request is
-answered here (`400 model_not_found`). A forwarded request is never forwarded again.
+API server process, just inside Auth and inside the body limit: no body is read before the key
+is checked, and none past the route's limit. The node that serves the model authenticates again
+(the client's key travels with the request), admits, runs and settles the request, once; this
+node only carries bytes both ways (streams as they come, activations included) with the client's
+request id. The writing POSTs that name a model are forwarded (completions, completion jobs,
+harvests, a Loom branch or score: their body's `model`; a Loom replay: the model its Node
+recorded, read from the shared database) when the model is not this node's and a live node of
+the deployment serves it. A connection that fails before an answer ejects that node at once
+and the next one is tried; with none left the request is answered here (`400 model_not_found`).
+A forwarded request is never forwarded again.
 """
 
 from __future__ import annotations
@@ -120,8 +122,8 @@ class ForwardingMiddleware:
             return
         body = await read_body(receive)
         if replay is not None:
-            # Read before Auth, without the caller's key: another key's Node goes to the serving
-            # node, which answers 404 as this one would; a Node without a model stays here.
+            # Not scoped to the caller's key (it only routes): another key's Node goes to the
+            # serving node, which answers 404 as this one would; a Node without a model stays.
             model = await self.recorded_model(replay["loom"], replay["node"])
         elif len(body) <= INLINE_LIMIT_BYTES:
             model = _wanted_model(body, self.default_model)
