@@ -1,12 +1,15 @@
 """The built-in `acs_authenticate` plugin: a Bearer `acs-bm-` key checked against the database.
 
-API server process. One indexed query per request and no cache, so a pause, a revoke or an
-account suspension counts on the next request on every node. The secret is compared as a hash in
-constant time and never logged.
+API server process. One indexed query per request and no cache of keys that exist, so a pause, a
+revoke or an account suspension counts on the next request on every node; a prefix that matched
+no key is answered from memory for a few seconds (`unknown_keys.py`), and concurrent checks of one
+prefix share one query. The secret is compared as a hash in constant time and never logged;
+refusals are logged by sampling.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 
@@ -16,6 +19,7 @@ from .principal import KeyLimits, Principal
 from .settings import Settings
 from .storage.api_key_secret import looks_like_secret, secret_matches, visible_prefix
 from .storage.api_keys import KeyRepository, KeyWithAccount
+from .unknown_keys import RefusalLog, UnknownPrefixes
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +77,20 @@ def _or(value: int | None, default: int) -> int:
 class KeyAuthPlugin:
     """Registered last, so an operator's authenticator gets each request first."""
 
-    def __init__(self, keys: KeyRepository, settings: Settings) -> None:
+    def __init__(
+        self,
+        keys: KeyRepository,
+        settings: Settings,
+        *,
+        unknown: UnknownPrefixes | None = None,
+        refusals: RefusalLog | None = None,
+    ) -> None:
         self._keys = keys
         self._settings = settings
+        self.unknown = unknown if unknown is not None else UnknownPrefixes()
+        self.refusals = refusals if refusals is not None else RefusalLog(logger)
+        # prefix -> the lookup in flight: a burst of one key's requests makes one query.
+        self._in_flight: dict[str, asyncio.Future[KeyWithAccount | None]] = {}
 
     @hookimpl(trylast=True)
     async def acs_authenticate(self, headers: Mapping[str, str]) -> Principal | None:
@@ -88,11 +103,28 @@ class KeyAuthPlugin:
         invalid = Unauthorized("Invalid API key.", code="invalid_api_key")
         if token is None or not looks_like_secret(token):
             raise invalid
-        found = await self._keys.lookup(visible_prefix(token))
+        prefix = visible_prefix(token)
+        found = None if prefix in self.unknown else await self._lookup(prefix)
         if found is None or not secret_matches(token, found.secret_hash):
-            logger.info("refused an unknown API key (prefix %s)", visible_prefix(token))
+            self.refusals.refused(prefix)
             raise invalid
         return checked_principal(found, self._settings)
+
+    async def _lookup(self, prefix: str) -> KeyWithAccount | None:
+        lookup = self._in_flight.get(prefix)
+        if lookup is None:
+            lookup = asyncio.ensure_future(self._keys.lookup(prefix))
+            self._in_flight[prefix] = lookup
+            lookup.add_done_callback(lambda done: self._looked_up(prefix, done))
+        # Shielded: a caller that leaves (its client went away) does not cancel the others' query.
+        return await asyncio.shield(lookup)
+
+    def _looked_up(self, prefix: str, done: asyncio.Future[KeyWithAccount | None]) -> None:
+        self._in_flight.pop(prefix, None)
+        if done.cancelled() or done.exception() is not None:  # retrieved: never "unretrieved"
+            return
+        if done.result() is None:
+            self.unknown.add(prefix)
 
 
 def checked_principal(found: KeyWithAccount, settings: Settings) -> Principal:

@@ -100,6 +100,11 @@ class HarvestRepository:
         async with self._engine.connect() as conn:
             return await _unfinished(conn, key_id)
 
+    async def unfinished_in_deployment(self) -> int:
+        """Every key's harvests not ended (a read; the submit counts again under its lock)."""
+        async with self._engine.connect() as conn:
+            return await _unfinished(conn)
+
     async def used_this_month(self, key_id: str, now: datetime) -> int:
         async with self._engine.connect() as conn:
             return await _used(conn, quota_counter(key_id, now))

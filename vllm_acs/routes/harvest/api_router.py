@@ -57,7 +57,10 @@ def build_router(service: HarvestService) -> APIRouter:
         try:
             claim = getattr(request.state, IDEMPOTENCY_STATE_KEY, None)
             target = claim.target if isinstance(claim, IdempotencyClaim) else None
-            answer = await service.submit(await request.body(), principal_of(request), target)
+            principal = principal_of(request)
+            # Before the body is read: a refused submit costs no parse of up to 50 MB.
+            await service.refuse_early(principal)
+            answer = await service.submit(await request.body(), principal, target)
             if isinstance(claim, IdempotencyClaim):
                 claim.completed = True  # stored with the job, in its transaction
             return response_of(answer)

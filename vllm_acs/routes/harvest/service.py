@@ -1,9 +1,11 @@
 """Submitting, reading (with long-poll), cancelling harvests, scoped to the caller's key, and
 checking the signed downloads of their files.
 
-API server process. A submit is parsed and tokenized off the event loop (bodies up to 50 MB),
-checked against the key's budgets for its prompt tokens, its prompts stored as a file, and the
-job written with its idempotency answer under the harvest limits in one transaction.
+API server process. The limits that refuse a submit whatever its body (the key's running
+harvest, an exhausted budget, the deployment's capacity, the monthly quota) are checked before the
+body is read (`refuse_early`); then it is parsed and tokenized off the event loop (bodies up to
+50 MB), checked against the key's budgets for its prompt tokens, its prompts stored as a file, and
+the job written with its idempotency answer under the harvest limits in one transaction.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from ...storage.errors import BudgetExhausted, HarvestLimitReached, QueueFull, S
 from ...storage.files import FileNameError, FileStore, check_name
 from ...storage.idempotency import IdempotencyTarget, StoredAnswer
 from ...storage.jobs import Job, NewJob
+from ...storage.periods import budget_lines, counter_with_period, hold
 from ..answers import Answer
 from ..long_poll import DECLINED_HEADERS, LONG_POLL_MAX_S
 from .protocol import STATE_OF_JOB, HarvestError, HarvestJob, HarvestResult, HarvestSubmitted
@@ -86,14 +89,45 @@ class HarvestService:
 
     # --- submit -------------------------------------------------------------------------------
 
-    async def submit(
-        self, raw: bytes, principal: Principal, idempotency: IdempotencyTarget | None
-    ) -> Answer:
-        body, model, layers, prepared = await asyncio.to_thread(self._prepared, raw)
+    async def refuse_early(self, principal: Principal) -> None:
+        """Raises the refusal that any body would meet now, in the order a full submit names
+        them: a few indexed reads, before a body of up to 50 MB is read, parsed and tokenized
+        (seconds of a CPU). Only a pre-check: `submit` checks each again, the harvest limits under
+        their lock."""
         storage = self._storage
         # The key's running harvest first: that answer says more than its slots or budgets would.
         if await storage.harvests.unfinished(principal.key_id) >= 1:
             raise _limit_error(HarvestLimitReached("concurrency", 1))
+        await self._refuse_spent_budget(principal)
+        capacity = max(1, self.settings.harvest_capacity)
+        if await storage.harvests.unfinished_in_deployment() >= capacity:
+            raise _limit_error(HarvestLimitReached("capacity", capacity))
+        quota = self.settings.harvest_monthly_quota
+        if quota is not None:
+            used = await storage.harvests.used_this_month(principal.key_id, self.clock())
+            if used >= quota:
+                raise _limit_error(HarvestLimitReached("quota", quota))
+
+    async def _refuse_spent_budget(self, principal: Principal) -> None:
+        """A budget that cannot hold even the smallest harvest (one prompt token and the one
+        generated token) refuses it as the full check would."""
+        lines = budget_lines(principal)
+        if not lines:
+            return
+        now = self.clock()
+        names = [counter_with_period(line.counter, line.granularity, now) for line in lines]
+        state = await self._storage.counters.budget_state(names)
+        for line, name in zip(lines, names, strict=True):
+            counter = state.get(name)
+            if counter is not None and counter.committed + hold(line.kind, 1, 1) > line.limit:
+                raise refusal(BudgetExhausted(line.name))
+
+    async def submit(
+        self, raw: bytes, principal: Principal, idempotency: IdempotencyTarget | None
+    ) -> Answer:
+        """The harvest of `raw`, queued; `refuse_early` was asked before `raw` was read."""
+        body, model, layers, prepared = await asyncio.to_thread(self._prepared, raw)
+        storage = self._storage
         await self._check_budget(principal, prepared.inputs.n_tokens)
         now = self.clock()
         request = HarvestRequest(

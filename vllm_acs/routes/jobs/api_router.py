@@ -31,9 +31,12 @@ def build_router(service: JobService) -> APIRouter:
             claim = getattr(request.state, IDEMPOTENCY_STATE_KEY, None)
             if not isinstance(claim, IdempotencyClaim):  # the middleware requires the key here
                 raise InternalError()
+            principal = principal_of(request)
+            # Before the body is validated: a refused submit costs no parse or tokenizing.
+            await service.refuse_early(principal)
             answer = await service.submit(
                 await request.body(),
-                principal_of(request),
+                principal,
                 claim.target,
                 request.headers.get(REQUEST_ID_HEADER),
                 recorded_workload(request.headers.get("x-acs-workload")),

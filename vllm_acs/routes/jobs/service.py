@@ -1,8 +1,10 @@
 """Submitting, reading, fetching and cancelling completion jobs, scoped to the caller's key.
 
-API server process. A submit is validated like a live completion (its 400s come at once and
-store nothing), takes a start of the key, and writes the job with its idempotency record in one
-transaction. The completion itself runs later, in the job runner (jobs/completion.py).
+API server process. A submit is refused at once when the key already has its most unfinished
+jobs (`refuse_early`, before the body is validated and tokenized), is validated like a live
+completion (its 400s come at once and store nothing), takes a start of the key, and writes the
+job with its idempotency record in one transaction. The completion itself runs later, in the
+job runner (jobs/completion.py).
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ class JobService:
             raise RuntimeError("vllm_acs jobs: storage is not open (init_state did not run)")
         return self.storage
 
+    async def refuse_early(self, principal: Principal) -> None:
+        """JobCapacity when the key has its most unfinished jobs now: one indexed count, before
+        the body is validated. Only a pre-check: the insert counts again under the key's lock."""
+        most = self.settings.max_jobs_per_key
+        if await self._storage.jobs.count_unfinished(principal.key_id) >= most:
+            raise _capacity(most)
+
     async def submit(
         self,
         raw: bytes,
@@ -94,10 +103,7 @@ class JobService:
                 answer=answer,
             )
         except JobCapacityReached as error:
-            raise JobCapacity(
-                f"This API key has {error.limit} jobs that have not ended, the most it may have; "
-                "wait for some to end, or cancel some."
-            ) from None
+            raise _capacity(error.limit) from None
         if self.runner is not None:
             self.runner.wake()
         return Answer(202, answer.body, {"location": location})  # the bytes a replay sends
@@ -160,6 +166,13 @@ class JobService:
             self.runner.stop_job(job.id)
             self.runner.watch.ended(job.id)
         return job
+
+
+def _capacity(limit: int) -> AcsError:
+    return JobCapacity(
+        f"This API key has {limit} jobs that have not ended, the most it may have; wait for "
+        "some to end, or cancel some."
+    )
 
 
 def _no_result(job: Job) -> AcsError:
