@@ -32,6 +32,7 @@ from ..storage.jobs import Job
 from ..storage.looms import LoomRepository
 from .completion_stream import CompletionStream
 from .generations import BranchSpec, fail_children, finish_children, start_children
+from .limits import loom_limit_error
 from .progress import BranchProgress
 from .views import branch_view, nodes_view
 
@@ -151,11 +152,11 @@ class _BranchRun:
                 self.kind.clock(),
                 start_children(self.spec, self.kind.clock()),
                 max_nodes=self.kind.settings.loom_max_nodes,
+                max_bytes=self.kind.settings.loom_max_bytes,
+                max_key_bytes=self.kind.settings.loom_bytes_per_key,
             )
         except LoomLimitReached as error:
-            self.refusal = LoomNodeLimit(
-                f"A Loom holds at most {error.value} Nodes; this branch would pass it."
-            )
+            self.refusal = loom_limit_error(error, "; this branch would pass it")
         except AcsError as error:  # the parent was edited into another state meanwhile
             self.refusal = error
         else:

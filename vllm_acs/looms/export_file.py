@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import LoomFileInvalid
-from ..storage.loom_records import ORIGINS, LoomNode, LoomTree, new_node_id
+from ..storage.loom_records import ORIGINS, Loom, LoomNode, LoomTree, new_node_id
 from .views import unix
 
 FORMAT = "vllm-acs.loom"
@@ -21,35 +21,43 @@ _OPTIONAL_OBJECTS = ("generation", "score", "error")
 
 
 def export_document(tree: LoomTree, now: datetime) -> dict[str, Any]:
-    """Nodes in tree order (parents first, siblings in order), each with its children's ids."""
+    """Nodes in tree order (parents first, siblings in order), each with its children's ids.
+    (The route writes the same document a batch of Nodes at a time: `export_head`,
+    `export_node`.)"""
     children: dict[str, list[str]] = {}
     for node in tree.nodes:
         if node.parent_id is not None:
             children.setdefault(node.parent_id, []).append(node.id)
+    nodes = [export_node(node, children.get(node.id, [])) for node in tree.nodes]
+    return {**export_head(tree.loom, now), "nodes": nodes}
+
+
+def export_head(loom: Loom, now: datetime) -> dict[str, Any]:
+    """The document without its `nodes` (which come last)."""
     return {
         "format": FORMAT,
         "version": VERSION,
-        "title": tree.loom.title,
+        "title": loom.title,
         "exported_at": unix(now),
-        "source_loom_id": tree.loom.id,
-        "nodes": [
-            {
-                "id": node.id,
-                "parent_id": node.parent_id,
-                "children": children.get(node.id, []),
-                "text": node.text,
-                "origin": node.origin,
-                "status": node.status,
-                "bookmarked": node.bookmarked,
-                "generation": node.generation,
-                "token_ids": node.token_ids,
-                "tokens": node.tokens,
-                "score": node.score,
-                "error": node.error,
-                "tags": (node.extra or {}).get("tags", []),
-            }
-            for node in tree.nodes
-        ],
+        "source_loom_id": loom.id,
+    }
+
+
+def export_node(node: LoomNode, children: list[str]) -> dict[str, Any]:
+    return {
+        "id": node.id,
+        "parent_id": node.parent_id,
+        "children": children,
+        "text": node.text,
+        "origin": node.origin,
+        "status": node.status,
+        "bookmarked": node.bookmarked,
+        "generation": node.generation,
+        "token_ids": node.token_ids,
+        "tokens": node.tokens,
+        "score": node.score,
+        "error": node.error,
+        "tags": (node.extra or {}).get("tags", []),
     }
 
 
@@ -58,7 +66,13 @@ def is_export_document(data: Any) -> bool:
 
 
 def nodes_from_export(
-    data: dict[str, Any], loom_id: str, now: datetime, *, max_nodes: int, max_text_chars: int
+    data: dict[str, Any],
+    loom_id: str,
+    now: datetime,
+    *,
+    max_nodes: int,
+    max_text_chars: int,
+    max_tokens: int | None = None,
 ) -> list[LoomNode]:
     """New Nodes (new ids) for the document's tree, parents before children. Siblings keep
     the order of the list (an export lists them in order; `children` is not needed to read it)."""
@@ -77,9 +91,17 @@ def nodes_from_export(
     new_ids: dict[str, str] = {}
     positions: dict[str, int] = {}
     nodes: list[LoomNode] = []
+    total_tokens = 0
     for index, item in enumerate(items):
         where = f"nodes[{index}]"
         node = _node(item, where, max_text_chars)
+        total_tokens += max(len(node.tokens or ()), len(node.token_ids or ()))
+        if max_tokens is not None and total_tokens > max_tokens:
+            raise LoomFileInvalid(
+                f"The Nodes hold more than {max_tokens} tokens in all (the limit); {where} "
+                "passes it.",
+                param="nodes",
+            )
         old_id, parent = item["id"], item.get("parent_id")
         if old_id in new_ids:
             raise LoomFileInvalid(f"{where}: the id {old_id!r} is used twice.", param="nodes")

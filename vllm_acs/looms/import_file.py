@@ -16,18 +16,30 @@ from .export_file import is_export_document, nodes_from_export
 
 
 def nodes_from_file(
-    data: Any, loom_id: str, now: datetime, *, max_nodes: int, max_text_chars: int
+    data: Any,
+    loom_id: str,
+    now: datetime,
+    *,
+    max_nodes: int,
+    max_text_chars: int,
+    max_tokens: int | None = None,
 ) -> tuple[list[LoomNode], str]:
-    """The new Nodes, parents first, and the format read (`vllm-acs` or `socketteer`)."""
+    """The new Nodes, parents first, and the format read (`vllm-acs` or `socketteer`).
+    `max_tokens` bounds the tokens of all the Nodes together (each Node's own list counts)."""
     if is_export_document(data):
         nodes = nodes_from_export(
-            data, loom_id, now, max_nodes=max_nodes, max_text_chars=max_text_chars
+            data,
+            loom_id,
+            now,
+            max_nodes=max_nodes,
+            max_text_chars=max_text_chars,
+            max_tokens=max_tokens,
         )
         return nodes, "vllm-acs"
     if socketteer.is_socketteer_file(data):
         try:
             imported = socketteer.parse_socketteer(
-                data, max_nodes=max_nodes, max_text_chars=max_text_chars
+                data, max_nodes=max_nodes, max_text_chars=max_text_chars, max_tokens=max_tokens
             )
         except socketteer.LoomFileInvalid as error:
             raise LoomFileInvalid(f"socketteer/loom file: {error}") from None
@@ -43,6 +55,8 @@ def _from_socketteer(
 ) -> list[LoomNode]:
     new_ids: dict[str, str] = {}
     positions: dict[str | None, int] = {}
+    # A completion's tokens that several Nodes share become one list of dicts, not one each.
+    shared: dict[int, tuple[list[int] | None, list[dict[str, Any]]]] = {}
     nodes = []
     for item in imported:
         new_ids[item.key] = new_node_id()
@@ -65,8 +79,7 @@ def _from_socketteer(
                 text=item.text,
                 bookmarked=item.bookmarked,
                 generation=dict(item.generation) if item.generation else None,
-                token_ids=_ids(item.tokens),
-                tokens=_tokens(item.tokens),
+                **_token_fields(item.tokens, shared),
                 extra=extra,
                 created_at=now,
                 updated_at=now,
@@ -75,9 +88,19 @@ def _from_socketteer(
     return nodes
 
 
-def _tokens(tokens: list[socketteer.ImportedToken] | None) -> list[dict[str, Any]] | None:
+def _token_fields(
+    tokens: list[socketteer.ImportedToken] | None,
+    shared: dict[int, tuple[list[int] | None, list[dict[str, Any]]]],
+) -> dict[str, Any]:
     if tokens is None:
-        return None
+        return {"token_ids": None, "tokens": None}
+    found = shared.get(id(tokens))
+    if found is None:
+        found = shared[id(tokens)] = (_ids(tokens), _tokens(tokens))
+    return {"token_ids": found[0], "tokens": found[1]}
+
+
+def _tokens(tokens: list[socketteer.ImportedToken]) -> list[dict[str, Any]]:
     return [
         {
             "text": t.text,

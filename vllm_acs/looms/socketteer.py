@@ -125,13 +125,18 @@ def is_socketteer_file(data: object) -> bool:
     return isinstance(root, dict) and ("text" in root or "children" in root)
 
 
-def parse_socketteer(data: object, *, max_nodes: int, max_text_chars: int) -> list[ImportedNode]:
+def parse_socketteer(
+    data: object, *, max_nodes: int, max_text_chars: int, max_tokens: int | None = None
+) -> list[ImportedNode]:
     """The file's nodes, parents before children, children in file order (pre-order).
 
     Raises LoomFileInvalid for: not a dict / no root; a node that is not an object; text not a
     string; children not a list; a cycle or a node id used twice; more than max_nodes nodes; a
-    text longer than max_text_chars. `parent_id` fields that contradict the nesting are noted
-    in `unknown` and the nesting is used. Walks iteratively, so deep files are fine. Absent
+    text longer than max_text_chars; more than max_tokens tokens in all the nodes together (a
+    completion that several nodes share counts for each of them: each keeps its own copy).
+    Each completion is read once however many nodes name it. `parent_id` fields that
+    contradict the nesting are noted in `unknown` and the nesting is used. Walks iteratively,
+    so deep files are fine. Absent
     optional parts (meta, tags, model_responses, logprobs) are imported as far as they go and
     noted in `unknown`.
 
@@ -149,11 +154,19 @@ def parse_socketteer(data: object, *, max_nodes: int, max_text_chars: int) -> li
     keys, key_notes = _assign_keys(seen)
     file_notes: list[str] = []
     responses = _responses(data, file_notes)
-    nodes = []
+    completions = _Completions()
+    nodes, total = [], 0
     for index, item in enumerate(seen):
         notes = file_notes + key_notes[index] if index == 0 else key_notes[index]
         parent = None if item.parent is None else keys[item.parent]
-        nodes.append(_build_node(item, keys[index], parent, responses, notes))
+        node = _build_node(item, keys[index], parent, responses, notes, completions)
+        total += len(node.tokens or ())
+        if max_tokens is not None and total > max_tokens:
+            raise LoomFileInvalid(
+                f"the nodes hold more than {max_tokens} tokens in all (the limit); "
+                f"{_seen_path(seen, index)} passes it"
+            )
+        nodes.append(node)
     return nodes
 
 
@@ -267,7 +280,12 @@ def _file_id(value: object) -> str | None:
 
 
 def _build_node(
-    item: _Seen, key: str, parent: str | None, responses: dict | None, notes: list[str]
+    item: _Seen,
+    key: str,
+    parent: str | None,
+    responses: dict | None,
+    notes: list[str],
+    completions: _Completions,
 ) -> ImportedNode:
     obj = item.obj
     unknown = list(notes)
@@ -278,7 +296,7 @@ def _build_node(
     if meta is not None and not isinstance(meta, dict):
         unknown.append(f"meta is {_json_type(meta)}, not an object; ignored")
         meta = None
-    generation, tokens = _generation(obj, meta or {}, item.text, responses, unknown)
+    generation, tokens = _generation(obj, meta or {}, item.text, responses, unknown, completions)
     origin = _origin(parent is None, (meta or {}).get("source"), generation is not None, unknown)
     tags = _tags(obj, unknown)
     return ImportedNode(
@@ -360,7 +378,12 @@ def _responses(data: dict, file_notes: list[str]) -> dict | None:
 
 
 def _generation(
-    obj: dict, meta: dict, text: str, responses: dict | None, unknown: list[str]
+    obj: dict,
+    meta: dict,
+    text: str,
+    responses: dict | None,
+    unknown: list[str],
+    completions: _Completions,
 ) -> tuple[dict[str, object] | None, list[ImportedToken] | None]:
     """The node's generation record and tokens: `generation` first, then `meta.generation`."""
     generation: dict[str, object] | None = None
@@ -372,19 +395,24 @@ def _generation(
         if not isinstance(record, dict):
             unknown.append(f"{where} is {_json_type(record)}, not an object; ignored")
             continue
-        found, tokens = _from_record(record, where, text, responses, unknown)
+        found, tokens = _from_record(record, where, text, responses, unknown, completions)
         generation = found if generation is None else {**found, **generation}
     return generation or None, tokens
 
 
 def _from_record(
-    record: dict, where: str, text: str, responses: dict | None, unknown: list[str]
+    record: dict,
+    where: str,
+    text: str,
+    responses: dict | None,
+    unknown: list[str],
+    completions: _Completions,
 ) -> tuple[dict[str, object], list[ImportedToken] | None]:
     """One generation record: inline (an OpenAI choice) or a reference into model_responses."""
     index = _index(record, where, unknown)
     if "logprobs" in record or "text" in record or "message" in record:
         generation = _generation_fields(None, index, None, record, record)
-        return generation, _tokens_for_node(record, where, text, unknown)
+        return generation, _tokens_for_node(completions.read(record, where), text, unknown)
     response_id = record.get("id")
     if not isinstance(response_id, str) or not response_id:
         unknown.append(f"{where} names no model_responses entry")
@@ -401,7 +429,7 @@ def _from_record(
     if completion is None:
         return generation, None
     label = f"{_shown(response_id)}[{index}]"
-    return generation, _tokens_for_node(completion, label, text, unknown)
+    return generation, _tokens_for_node(completions.read(completion, label), text, unknown)
 
 
 def _index(record: dict, where: str, unknown: list[str]) -> int | None:
@@ -505,13 +533,42 @@ def _parameter_value(value: object) -> object:
     return None
 
 
+@dataclass(frozen=True)
+class _ReadCompletion:
+    """A completion as read once: its tokens, what they spell, its text, the notes of reading."""
+
+    label: str
+    tokens: list[ImportedToken] | None
+    joined: str
+    text: str | None
+    notes: list[str]
+
+
+class _Completions:
+    """Each completion of the file read once, however many nodes point at it (a shared
+    `model_responses` entry): by the identity of its object, which the parsed file keeps."""
+
+    def __init__(self) -> None:
+        self._read: dict[int, _ReadCompletion] = {}
+
+    def read(self, completion: dict, label: str) -> _ReadCompletion:
+        found = self._read.get(id(completion))
+        if found is None:
+            notes: list[str] = []
+            tokens = _completion_tokens(completion, label, notes)
+            joined = "" if tokens is None else "".join(token.text for token in tokens)
+            found = _ReadCompletion(label, tokens, joined, _completion_text(completion), notes)
+            self._read[id(completion)] = found
+        return found
+
+
 def _tokens_for_node(
-    completion: dict, label: str, text: str, unknown: list[str]
+    read: _ReadCompletion, text: str, unknown: list[str]
 ) -> list[ImportedToken] | None:
-    tokens = _completion_tokens(completion, label, unknown)
-    if tokens is None:
+    unknown.extend(read.notes)
+    if read.tokens is None:
         return None
-    return _align(text, _completion_text(completion), tokens, label, unknown)
+    return _align(text, read, unknown)
 
 
 def _completion_text(completion: dict) -> str | None:
@@ -631,17 +688,12 @@ def _alternatives(raw: object) -> list[tuple[str, float]]:
     return pairs
 
 
-def _align(
-    text: str,
-    completion_text: str | None,
-    tokens: list[ImportedToken],
-    label: str,
-    unknown: list[str],
-) -> list[ImportedToken] | None:
-    """The tokens that belong to the node's text (see the module docstring)."""
-    joined = "".join(token.text for token in tokens)
-    whole = joined if completion_text is None else completion_text
-    if whole in text:
+def _align(text: str, read: _ReadCompletion, unknown: list[str]) -> list[ImportedToken] | None:
+    """The tokens that belong to the node's text (see the module docstring). The whole list is
+    the shared one (never copied per node); a part is a new list."""
+    tokens, label, joined = read.tokens or [], read.label, read.joined
+    whole = joined if read.text is None else read.text
+    if joined == whole and whole in text:
         return tokens
     if joined != whole:
         unknown.append(

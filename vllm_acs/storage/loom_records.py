@@ -35,6 +35,7 @@ class Loom:
     node_count: int
     created_at: datetime
     updated_at: datetime
+    byte_count: int = 0  # what its Nodes take (`node_bytes` summed): the byte quotas
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ def loom_from_row(row: Any) -> Loom:
         node_count=int(row.node_count),
         created_at=utc_or_none(row.created_at),  # type: ignore[arg-type]
         updated_at=utc_or_none(row.updated_at),  # type: ignore[arg-type]
+        byte_count=int(row.byte_count),
     )
 
 
@@ -141,6 +143,37 @@ def node_values(node: LoomNode) -> dict[str, Any]:
     }
     values.update({name: _dumps(getattr(node, name)) for name in _JSON_COLUMNS})
     return values
+
+
+def node_bytes(node: LoomNode) -> int:
+    """What a Node takes in the database: the UTF-8 bytes of its text and of its JSON columns
+    (json.dumps writes ASCII, so their length is their size). Migration 0008 measures the same."""
+    size = len(node.text.encode("utf-8", "surrogatepass"))
+    for name in _JSON_COLUMNS:
+        dumped = _dumps(getattr(node, name))
+        size += 0 if dumped is None else len(dumped)
+    return size
+
+
+def row_bytes(values: dict[str, Any]) -> int:
+    """`node_bytes` of a Node's row (`node_values`), without encoding its JSON again."""
+    size = len(values["text"].encode("utf-8", "surrogatepass"))
+    return size + sum(len(values[name]) for name in _JSON_COLUMNS if values[name] is not None)
+
+
+@dataclass(frozen=True)
+class NodePlace:
+    """Where a Node sits, without what it holds: a tree's outline."""
+
+    id: str
+    parent_id: str | None
+    position: int
+    created_at: datetime
+
+
+def places_in_tree_order(places: list[NodePlace]) -> list[NodePlace]:
+    """`in_tree_order` for an outline."""
+    return in_tree_order(places)  # type: ignore[arg-type, return-value]
 
 
 def in_tree_order(nodes: list[LoomNode]) -> list[LoomNode]:

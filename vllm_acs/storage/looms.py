@@ -2,10 +2,16 @@
 delete. API server process (the Loom routes, the branch job, the forwarder). Every read and
 write is scoped to the key that owns the Loom (another key's Loom reads as absent), but the one
 the forwarder routes a replay by.
+
+Byte quotas: a Loom keeps the bytes its Nodes take (`byte_count`, like `node_count`); a write
+that grows a Loom past its quota, or the key's Looms together past theirs, writes nothing. The
+key's total is read without a lock: changes of several Looms of one key at the same moment may
+pass it by what they add together.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import replace
@@ -20,16 +26,22 @@ from .loom_records import (
     Loom,
     LoomNode,
     LoomTree,
+    NodePlace,
     TreeChange,
     in_tree_order,
     loom_from_row,
+    node_bytes,
     node_from_row,
     node_values,
+    places_in_tree_order,
+    row_bytes,
 )
 from .tables import loom_nodes, looms
-from .transactions import serialize_per_key, utc, write_transaction
+from .transactions import serialize_per_key, utc, utc_or_none, write_transaction
 
 T = TypeVar("T")
+# Rows inserted past this many are made (JSON-encoded) in a worker thread: an import.
+_ROWS_IN_THREAD = 64
 # Plans a change from the tree as it is inside the transaction; raises to change nothing.
 Plan = Callable[[LoomTree], tuple[TreeChange, T]]
 
@@ -56,17 +68,35 @@ class LoomRepository:
         self._engine = engine
 
     async def create(
-        self, loom: Loom, nodes: list[LoomNode], *, max_per_key: int, max_nodes: int
+        self,
+        loom: Loom,
+        nodes: list[LoomNode],
+        *,
+        max_per_key: int,
+        max_nodes: int,
+        max_bytes: int | None = None,
+        max_key_bytes: int | None = None,
     ) -> LoomTree:
         """Inserts the Loom with its first Nodes (the root; a whole tree for an import), or
         raises LoomLimitReached having written nothing."""
         if len(nodes) > max_nodes:
             raise LoomLimitReached("nodes", max_nodes)
+        if len(nodes) > _ROWS_IN_THREAD:
+            rows = await asyncio.to_thread(_rows, nodes)
+        else:
+            rows = _rows(nodes)
+        size = sum(row_bytes(row) for row in rows)
+        if max_bytes is not None and size > max_bytes:
+            raise LoomLimitReached("bytes", max_bytes)
         async with write_transaction(self._engine) as conn:
             await serialize_per_key(conn, loom.key_id)
             count = select(func.count()).where(looms.c.key_id == loom.key_id)
             if int((await conn.execute(count)).scalar_one()) >= max_per_key:
                 raise LoomLimitReached("looms", max_per_key)
+            if max_key_bytes is not None:
+                held = await _key_bytes(conn, loom.key_id)
+                if held + size > max_key_bytes:
+                    raise LoomLimitReached("key_bytes", max_key_bytes)
             await conn.execute(
                 looms.insert().values(
                     id=loom.id,
@@ -74,13 +104,14 @@ class LoomRepository:
                     account_id=loom.account_id,
                     title=loom.title,
                     node_count=len(nodes),
+                    byte_count=size,
                     created_at=utc(loom.created_at),
                     updated_at=utc(loom.updated_at),
                 )
             )
-            if nodes:
-                await conn.execute(loom_nodes.insert(), [node_values(n) for n in nodes])
-        return LoomTree(replace(loom, node_count=len(nodes)), nodes)
+            if rows:
+                await conn.execute(loom_nodes.insert(), rows)
+        return LoomTree(replace(loom, node_count=len(nodes), byte_count=size), nodes)
 
     async def list(
         self, key_id: str, *, limit: int, before: tuple[datetime, str] | None = None
@@ -122,10 +153,21 @@ class LoomRepository:
         return model if isinstance(model, str) else None
 
     async def change(
-        self, loom_id: str, key_id: str | None, now: datetime, plan: Plan[T], *, max_nodes: int
+        self,
+        loom_id: str,
+        key_id: str | None,
+        now: datetime,
+        plan: Plan[T],
+        *,
+        max_nodes: int,
+        max_bytes: int | None = None,
+        max_key_bytes: int | None = None,
     ) -> tuple[LoomTree, T] | None:
         """Reads the tree, lets `plan` decide, writes its change, all in one transaction (the
-        Loom's row locked): concurrent changes of one Loom take turns. None: no such Loom."""
+        Loom's row locked): concurrent changes of one Loom take turns. None: no such Loom.
+        A change that grows the Loom's bytes past `max_bytes`, or the key's past
+        `max_key_bytes`, raises LoomLimitReached (None: not checked, only counted: a branch
+        finishing what it started)."""
         now = utc(now)
         async with write_transaction(self._engine) as conn:
             loom = await _loom(conn, loom_id, key_id, lock=True)
@@ -136,8 +178,18 @@ class LoomRepository:
             count = loom.node_count + len(change.inserts) - len(change.deletes)
             if change.inserts and count > max_nodes:
                 raise LoomLimitReached("nodes", max_nodes)
+            grown = _bytes_grown(before, change)
+            size = max(0, loom.byte_count + grown)
+            if grown > 0 and max_bytes is not None and size > max_bytes:
+                raise LoomLimitReached("bytes", max_bytes)
+            if (
+                grown > 0
+                and max_key_bytes is not None
+                and await _key_bytes(conn, loom.key_id) + grown > max_key_bytes
+            ):
+                raise LoomLimitReached("key_bytes", max_key_bytes)
             await _apply(conn, loom.id, change)
-            fields = {"node_count": count, "updated_at": now}
+            fields = {"node_count": count, "byte_count": size, "updated_at": now}
             if change.retitle:
                 fields["title"] = change.title
             await conn.execute(update(looms).where(looms.c.id == loom.id).values(**fields))
@@ -153,10 +205,61 @@ class LoomRepository:
             await conn.execute(delete(looms).where(looms.c.id == loom_id))
         return True
 
+    async def outline(
+        self, loom_id: str, key_id: str | None
+    ) -> tuple[Loom, list[NodePlace]] | None:
+        """The Loom and where each Node sits (id, parent, position), in tree order: the shape
+        of a tree without its text, tokens or records. None: no such Loom."""
+        query = select(
+            loom_nodes.c.id, loom_nodes.c.parent_id, loom_nodes.c.position, loom_nodes.c.created_at
+        ).where(loom_nodes.c.loom_id == loom_id)
+        async with self._engine.connect() as conn:
+            loom = await _loom(conn, loom_id, key_id)
+            if loom is None:
+                return None
+            rows = (await conn.execute(query)).all()
+        places = [
+            NodePlace(r.id, r.parent_id, int(r.position), utc_or_none(r.created_at)) for r in rows
+        ]
+        return loom, places_in_tree_order(places)
+
+    async def nodes(self, loom_id: str, node_ids: list[str]) -> dict[str, LoomNode]:
+        """The named Nodes of a Loom, whole, by id (a Node deleted meanwhile is absent)."""
+        query = select(loom_nodes).where(
+            loom_nodes.c.loom_id == loom_id, loom_nodes.c.id.in_(node_ids)
+        )
+        async with self._engine.connect() as conn:
+            return {row.id: node_from_row(row) for row in await conn.execute(query)}
+
+    async def key_bytes(self, key_id: str) -> int:
+        async with self._engine.connect() as conn:
+            return await _key_bytes(conn, key_id)
+
     async def count(self, key_id: str) -> int:
         async with self._engine.connect() as conn:
             query = select(func.count()).where(looms.c.key_id == key_id)
             return int((await conn.execute(query)).scalar_one())
+
+
+def _rows(nodes: list[LoomNode]) -> list[dict]:
+    return [node_values(node) for node in nodes]
+
+
+async def _key_bytes(conn: AsyncConnection, key_id: str) -> int:
+    query = select(func.coalesce(func.sum(looms.c.byte_count), 0)).where(looms.c.key_id == key_id)
+    return int((await conn.execute(query)).scalar_one())
+
+
+def _bytes_grown(before: LoomTree, change: TreeChange) -> int:
+    """How many bytes the change adds (negative: frees); only the Nodes it touches are
+    measured."""
+    old = {node.id: node for node in before.nodes}
+    grown = sum(node_bytes(node) for node in change.inserts)
+    for node in change.updates:
+        grown += node_bytes(node) - (node_bytes(old[node.id]) if node.id in old else 0)
+    for node_id in change.deletes:
+        grown -= node_bytes(old[node_id]) if node_id in old else 0
+    return grown
 
 
 async def _apply(conn: AsyncConnection, loom_id: str, change: TreeChange) -> None:

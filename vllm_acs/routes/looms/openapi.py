@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...contract.loom_requests import (
+    TITLE_MAX_CHARS,
     LoomBranchBody,
     LoomCreateBody,
     LoomPatchBody,
@@ -20,6 +21,7 @@ from ...contract.loom_requests import (
     NodeTextBody,
 )
 from ...looms.export_file import FORMAT, VERSION
+from ...looms.import_json import import_depth_limit
 from ...settings import Settings
 from ...storage.loom_records import ORIGINS, STATUSES
 from ..openapi_parts import (
@@ -414,6 +416,7 @@ def _errors(*statuses: int, body: bool = False, idempotent: bool = False) -> dic
         404: error_doc(404),
         409: error_doc(409, *RETRY) if idempotent else error_doc(409, "x-should-retry"),
         413: error_doc(413, "x-should-retry"),
+        429: error_doc(429, "x-should-retry"),  # loom_capacity: the key's Looms' bytes
         500: error_doc(500, "x-should-retry"),
     }
     return {str(status): docs[status] for status in sorted(wanted)}
@@ -434,7 +437,11 @@ def _text_limit(settings: Settings) -> str:
 
 
 def _node_limit(settings: Settings) -> str:
-    return f"A Loom holds at most {settings.loom_max_nodes} Nodes (409 loom_node_limit)."
+    return (
+        f"A Loom holds at most {settings.loom_max_nodes} Nodes and {settings.loom_max_bytes} "
+        "bytes of text and records (409 loom_node_limit); a key's Looms together at most "
+        f"{settings.loom_bytes_per_key} bytes (429 loom_capacity)."
+    )
 
 
 def _create(settings: Settings) -> dict[str, Any]:
@@ -489,9 +496,13 @@ def _import(settings: Settings) -> dict[str, Any]:
         "summary": "A new Loom made of an export document or a socketteer/loom save file",
         "description": f"Bodies up to {limit} bytes on this route (413 above); at most "
         f"{settings.loom_max_nodes} Nodes of at most {settings.loom_max_text_chars} characters "
-        "each. A file that cannot become a Loom (malformed, cyclic, over a limit) is 400 "
-        f"loom_file_invalid, before anything is written. A key has at most "
-        f"{settings.looms_per_key} Looms (429 loom_capacity).",
+        f"each, {settings.loom_import_max_tokens} tokens in all the Nodes together (a "
+        "completion that several Nodes share counts for each), nesting at most "
+        f"{import_depth_limit(settings.loom_max_nodes)} levels deep (400 bad_json) and a title "
+        f"of at most {TITLE_MAX_CHARS} characters (400). A file that cannot become a Loom "
+        "(malformed, cyclic, over a limit) is 400 loom_file_invalid, before anything is written. "
+        f"{_node_limit(settings)} A key has at most {settings.looms_per_key} Looms (429 "
+        "loom_capacity).",
         "parameters": [IDEMPOTENCY_KEY],
         "requestBody": _body("LoomImportFile"),
         "responses": {
@@ -514,6 +525,8 @@ def _loom_paths(settings: Settings) -> dict[str, Any]:
             "get": {
                 "operationId": "getLoom",
                 "summary": "The Loom with every Node",
+                "description": "Read and encoded a batch of Nodes at a time (a Loom is bounded "
+                "by its byte quota, loom_max_bytes).",
                 "parameters": [_LOOM_ID],
                 "responses": {"200": json_doc("The Loom", "Loom"), **_errors(404)},
             },
@@ -658,7 +671,9 @@ def _node_paths(settings: Settings) -> dict[str, Any]:
                 "NodePatchBody",
                 {"200": json_doc("The Node, changed", "LoomNodeList")},
                 409,
-                description=_text_limit(settings) + " A Node generating cannot be edited (409).",
+                429,
+                description=f"{_text_limit(settings)} A Node generating cannot be edited (409). "
+                + _node_limit(settings),
             ),
             "delete": {
                 "operationId": "deleteLoomNode",
@@ -694,6 +709,7 @@ def _node_paths(settings: Settings) -> dict[str, Any]:
                 "NodeSplitBody",
                 {"201": json_doc("The Node and its new child", "LoomNodeList")},
                 409,
+                429,
                 description=grows,
             )
         },
@@ -704,6 +720,7 @@ def _node_paths(settings: Settings) -> dict[str, Any]:
                 "NodeTextBody",
                 made,
                 409,
+                429,
                 description=grows,
             )
         },
@@ -714,6 +731,7 @@ def _node_paths(settings: Settings) -> dict[str, Any]:
                 "NodeTextBody",
                 made,
                 409,
+                429,
                 description=grows,
             )
         },
