@@ -176,6 +176,8 @@ looms = Table(
     Column("title", String(200), nullable=True),
     # Kept with every node insert and delete, in the same transaction: the per-Loom node cap.
     Column("node_count", Integer, nullable=False, default=0),
+    # The bytes its Nodes take (migration 0008), kept like node_count: the byte quotas.
+    Column("byte_count", BigInteger, nullable=False, default=0),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Index("ix_looms_key_created", "key_id", "created_at"),
