@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vllm_acs.middleware.idempotency import IdempotencyMiddleware
+from vllm_acs.middleware import idempotency
+from vllm_acs.middleware.idempotency import IdempotencyMiddleware, fingerprint
 from vllm_acs.principal import PRINCIPAL_STATE_KEY, Principal
 from vllm_acs.settings import Settings
 from vllm_acs.storage import open_storage
@@ -149,3 +150,16 @@ def test_a_refusal_stores_nothing(stack):
         await storage.close()
 
     asyncio.run(run())
+
+
+def test_a_small_body_is_known_by_its_json_and_a_large_one_by_its_bytes(monkeypatch):
+    route = "/v1/harvest"
+    assert fingerprint(route, b'{"a": 1, "b": 2}') == fingerprint(route, b'{"b":2,"a":1}')
+    large = b'{"prompts": ["' + b"x" * idempotency.CANONICAL_LIMIT_BYTES + b'"]'  # never closes
+
+    def no_parse(*args: object) -> None:
+        raise AssertionError("a large body was parsed on the event loop")
+
+    monkeypatch.setattr(idempotency.json, "loads", no_parse)
+    assert fingerprint(route, large) == fingerprint(route, large)
+    assert fingerprint(route, large) != fingerprint(route, large + b"}")

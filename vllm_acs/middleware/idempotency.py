@@ -10,6 +10,7 @@ never without its record (`IdempotencyClaim` on `scope["state"]`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -53,14 +54,21 @@ _STORED_HEADERS = ("content-type", "location")
 RUNNING_LEASE_S = 120.0
 
 
+# Bodies above this are fingerprinted by their bytes: parsing a large body (a harvest takes 50 MB)
+# on the event loop would stall the node, and would burn its CPU for a submit that the route may
+# then refuse at once. A resent request carries the same bytes.
+CANONICAL_LIMIT_BYTES = 1024 * 1024
+
+
 def fingerprint(route: str, body: bytes) -> str:
-    """The body's identity: canonical JSON (key order and spacing do not matter), else bytes."""
-    try:
-        canonical = json.dumps(
-            json.loads(body), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        ).encode()
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        canonical = body
+    """The body's identity: canonical JSON (key order and spacing do not matter) up to
+    CANONICAL_LIMIT_BYTES, else the bytes."""
+    canonical = body
+    if len(body) <= CANONICAL_LIMIT_BYTES:
+        with contextlib.suppress(ValueError, UnicodeDecodeError, RecursionError):
+            canonical = json.dumps(
+                json.loads(body), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            ).encode()
     return hashlib.sha256(route.encode() + b"\n" + canonical).hexdigest()
 
 
@@ -122,11 +130,10 @@ class IdempotencyMiddleware:
             return
         body = await read_body(receive)
         target = IdempotencyTarget(principal.key_id, value)
-        found = await self.records.reserve(
-            target, path, fingerprint(path, body), self.clock(), RUNNING_LEASE_S
-        )
+        identity = fingerprint(path, body)
+        found = await self.records.reserve(target, path, identity, self.clock(), RUNNING_LEASE_S)
         if isinstance(found, Existing):
-            await self._answer_existing(scope, send, found, fingerprint(path, body))
+            await self._answer_existing(scope, send, found, identity)
             return
         await self._first(scope, replay_body(body, receive), send, target)
 
