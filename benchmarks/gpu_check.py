@@ -1,9 +1,14 @@
-"""The GPU check's stages that stand on torch and Triton alone (no vLLM): what a bare CUDA machine
-can prove. Stage 1 is the fused kernel of `vllm_acs::intervene` (hooks/intervention_kernel.py).
+"""The GPU check's stages that stand on torch, Triton and transformers alone (no vLLM): what a
+bare CUDA machine can prove. Stage 1 is the fused kernel of `vllm_acs::intervene`
+(hooks/intervention_kernel.py); stage 2 what the op costs on a Llama-3.1-8B-shaped model
+(benchmarks/gpu_check_model.py). Stage 3 (vLLM's engines) is benchmarks/gpu_check.sh's.
 
-Run: `python -m benchmarks.gpu_check [--interpret] [OUT_DIR]` (benchmarks/gpu_check.sh runs it).
-Each check prints a PASS or FAIL line; the stage's lines go to OUT_DIR/stage1.log and its checks
-and figures to OUT_DIR/stage1.json (OUT_DIR defaults to ./gpu-check); exit 1 on any FAIL.
+Run: `python -m benchmarks.gpu_check [--stage 1,2] [--limit SECONDS] [--interpret | --tiny]
+[OUT_DIR]` (benchmarks/gpu_check.sh runs each stage on its own). Each check prints a PASS or FAIL
+line; stage N's lines go to OUT_DIR/stageN.log and its checks and figures to OUT_DIR/stageN.json
+(OUT_DIR defaults to ./gpu-check); exit 1 on any FAIL. `--limit` is each stage's time limit: a
+stage that runs past it stops with a FAIL line, and keeps its log and JSON. `--interpret` runs
+stage 1 on the CPU through Triton's interpreter, `--tiny` stage 2 on a tiny model on the CPU.
 
 Stage 1, on CUDA and with `--interpret` (on CPU through Triton's interpreter; the test suite runs
 it, tests/unit/test_intervention_kernel.py):
@@ -34,6 +39,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -71,6 +77,8 @@ class Stage:
         self.result["figures"][name] = value
 
     def finish(self) -> bool:
+        if not self.result["checks"]:
+            self.check(f"{self.name} made a check", False)
         failed = [name for name, ok in self.result["checks"].items() if not ok]
         self.say(f"{self.name}: {len(failed)} failed" if failed else f"{self.name}: all passed")
         (self.out / f"{self.name}.json").write_text(json.dumps(self.result, indent=2))
@@ -424,10 +432,9 @@ def timings(stage: Stage) -> None:
                 stage.say(f"TIME {kernel_name} {mode} {tokens} tokens x {width}: {us:.2f} us")
 
 
-def stage_kernel(out: Path, interpret: bool) -> bool:
+def stage_kernel(stage: Stage, interpret: bool) -> None:
     import torch
 
-    stage = Stage(out, "stage1", "interpret" if interpret else "cuda")
     on_cuda = not interpret
     device = "cuda" if on_cuda else "cpu"
     if on_cuda:
@@ -454,6 +461,34 @@ def stage_kernel(out: Path, interpret: bool) -> bool:
             except Exception as error:  # one part's crash is its FAIL, the others still run
                 stage.check(f"{part.__name__} ran", False, f"({type(error).__name__}: {error})")
     stage.figure("seconds", round(time.perf_counter() - started, 2))
+
+
+class TimeLimit(Exception):
+    """A stage ran past its --limit."""
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise TimeLimit
+
+
+def run_stage(
+    out: Path, number: int, mode: str, limit: float | None, body: Callable[[Stage], None]
+) -> bool:
+    """One stage, within its time limit: a crash or the limit is a FAIL line, and its log and
+    JSON are written whatever happened."""
+    stage = Stage(out, f"stage{number}", mode)
+    if limit:
+        signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(max(1, int(limit)))
+    try:
+        body(stage)
+    except TimeLimit:
+        stage.check(f"stage {number} within its time limit", False, f"({limit:g} s)")
+    except Exception as error:
+        stage.check(f"stage {number} ran", False, f"({type(error).__name__}: {error})")
+    finally:
+        if limit:
+            signal.alarm(0)
     return stage.finish()
 
 
@@ -461,18 +496,39 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default="gpu-check", help="folder for logs and JSON")
     parser.add_argument(
-        "--interpret", action="store_true", help="on CPU through Triton's interpreter"
+        "--stage", default=None, help="stages to run, e.g. 1 or 1,2 (default: 1,2 on CUDA)"
     )
+    parser.add_argument("--limit", type=float, default=None, help="each stage's time limit (s)")
+    parser.add_argument(
+        "--interpret", action="store_true", help="stage 1 on CPU through Triton's interpreter"
+    )
+    parser.add_argument("--tiny", action="store_true", help="stage 2 on a tiny model on CPU")
     args = parser.parse_args(argv)
+    if args.stage is None:
+        stages = [1] if args.interpret else [2] if args.tiny else [1, 2]
+    else:
+        stages = [int(part) for part in args.stage.split(",")]
+    if not set(stages) <= {1, 2}:
+        parser.error("this module runs stages 1 and 2 (stage 3 is benchmarks/gpu_check.sh's)")
     if args.interpret:
         # Read when the kernel is defined (its module's import): set before triton is imported.
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
-    if not args.interpret and not torch.cuda.is_available():
-        print("FAIL no CUDA device (use --interpret to run stage 1 on the CPU)")
+    on_cpu = {1: args.interpret, 2: args.tiny}
+    if not all(on_cpu[n] for n in stages) and not torch.cuda.is_available():
+        print("FAIL no CUDA device (--interpret runs stage 1, --tiny stage 2, on the CPU)")
         return 1
-    ok = stage_kernel(Path(args.out), args.interpret)
+    out, ok = Path(args.out), True
+    for number in stages:
+        if number == 1:
+            mode = "interpret" if args.interpret else "cuda"
+            ok &= run_stage(out, 1, mode, args.limit, lambda s: stage_kernel(s, args.interpret))
+        else:
+            from benchmarks.gpu_check_model import run_stage as model_stage
+
+            mode = "tiny" if args.tiny else "cuda"
+            ok &= run_stage(out, 2, mode, args.limit, lambda s: model_stage(s, args.tiny))
     return 0 if ok else 1
 
 

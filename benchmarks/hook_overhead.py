@@ -35,6 +35,8 @@ BATCHES = {1: 256, 32: 160}  # batch size -> output tokens per request (runs of 
 PROMPT_TOKENS = 24
 MODES = ("plain", "eager_plain", "idle", "capture_1_layer", "capture_all_layers", "steer_1_layer")
 PLAIN_MODES = ("plain", "eager_plain")
+# Each engine's share of one GPU's memory (three engines, one at work at a time).
+GPU_SHARE = 0.25
 # Targets against compiled plain vLLM (issue 20); eager_plain is shown for the gain.
 TARGETS = {"idle": 0.99, "capture_1_layer": 0.95, "capture_all_layers": 0.85, "steer_1_layer": 0.98}
 
@@ -64,10 +66,16 @@ def _payloads(mode: str, n: int, tag: str) -> list[dict[str, str] | None]:
 def _engine(model: str, plugin: bool, eager: bool = False) -> Any:
     """An offline engine whose EngineCore loads the acs plugin or not (it reads VLLM_PLUGINS
     when it is spawned; this driver process never loads it); compiled unless `eager`."""
+    import torch
     from vllm import LLM
 
     os.environ["VLLM_PLUGINS"] = "acs" if plugin else ""
-    return LLM(model=model, enforce_eager=eager, max_model_len=512, max_num_seqs=32, seed=0)
+    more = {}
+    if torch.cuda.is_available():
+        # Three engines share one GPU: vLLM's default share (0.9) is one engine's, and the
+        # second would refuse to start (benchmarks/gpu_check.sh runs this on a GPU).
+        more["gpu_memory_utilization"] = GPU_SHARE
+    return LLM(model=model, enforce_eager=eager, max_model_len=512, max_num_seqs=32, seed=0, **more)
 
 
 def _measure(model: str, root: Path) -> dict[str, dict[int, list[float]]]:

@@ -3,7 +3,8 @@
 Started by tests/e2e/test_hooks_engine.py in a subprocess (vLLM keeps global state and spawns an
 EngineCore and a worker process; a subprocess keeps them out of the test process and bounded).
 Usage: python hooks_engine_driver.py MODEL_DIR OUT_FILE CONFIG [MODE]
-(CONFIG: wide | chunked | preempt; MODE: eager (default) | compiled, vLLM's default compilation
+(CONFIG: wide | chunked | preempt | restart; MODE: eager (default) | compiled, vLLM's default
+compilation
 (inductor on the CPU build; piecewise and full CUDA graphs on a GPU) | piecewise | full, one CUDA
 graph mode alone (GPU only; benchmarks/gpu_check.sh))
 """
@@ -221,7 +222,7 @@ def scenarios_chunked(engine: Engine) -> dict[str, Any]:
 
 
 def scenarios_preempt(engine: Engine) -> dict[str, Any]:
-    """Three blocks of 128 tokens for three requests that each outgrow one block while they
+    """KV for 384 tokens (PREEMPT_KV_TOKENS) for three requests that outgrow it while they
     decode: vLLM preempts one, frees its blocks, and recomputes it from position 0 later."""
     out: dict[str, Any] = {}
     batch = prompts(12, [110, 118, 104])
@@ -233,6 +234,32 @@ def scenarios_preempt(engine: Engine) -> dict[str, Any]:
     before = engine.preemptions()
     out["captured"] = engine.run(items)
     out["preemptions"] = engine.preemptions() - before
+    return out
+
+
+def scenario_restart(engine: Engine) -> dict[str, Any]:
+    """One capture of every layer, and what the worker compiled or loaded for it: the engine is
+    started twice on one compile cache (VLLM_CACHE_ROOT) with other buffer sizes
+    (tests/e2e/test_compile_cache_restart.py)."""
+
+    def worker_state(worker: Any) -> dict[str, Any]:
+        from vllm.compilation.counter import compilation_counter
+
+        from vllm_acs.hooks.compat import COMPILE_CACHE_KEY
+
+        runner = worker.model_runner
+        layer = runner.get_model().model.layers[0]
+        return {
+            "cache_key": runner.vllm_config.additional_config.get(COMPILE_CACHE_KEY),
+            "aot_loaded": compilation_counter.num_aot_artifacts_loaded,
+            "aot_compiled": compilation_counter.num_aot_compiles,
+            "capture_shape": tuple(layer.acs_capture.shape),
+            "bank_shape": tuple(layer.acs_bank.shape),
+        }
+
+    [p] = prompts(1, [11])
+    out: dict[str, Any] = {"capture": engine.run([(p, 6, {"capture_layers": ALL})])[0]}
+    out["worker"] = engine.llm.collective_rpc(worker_state)[0]
     return out
 
 
@@ -250,21 +277,38 @@ def op_calls_in_a_forward(engine: Engine) -> tuple[str, int]:
     return engine.llm.collective_rpc(count)[0]
 
 
+# The preemption scenario's KV cache, in tokens: three requests of 104-118 prompt tokens that
+# each decode 40 outgrow it (whatever the block size), so vLLM preempts one.
+PREEMPT_KV_TOKENS = 384
+
+
+def _on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main() -> None:
     model, out_file, config = sys.argv[1], sys.argv[2], sys.argv[3]
     mode = sys.argv[4] if len(sys.argv) > 4 else "eager"
     root = Path(out_file).parent / f"captures-{config}-{mode}"
     root.mkdir(parents=True, exist_ok=True)
     os.environ["VLLM_ACS_CAPTURE_DIR"] = str(root)
-    if config == "preempt":
+    if config == "restart":
+        engine = Engine(model, 2048, root, mode)
+        results = scenario_restart(engine)
+    elif config == "preempt":
+        # KV for 384 tokens: 3 blocks of the CPU build's 128 tokens, or 24 of a GPU's 16.
+        block = 16 if _on_cuda() else 128
         engine = Engine(
             model,
             512,
             root,
             mode,
             max_model_len=256,
-            num_gpu_blocks_override=3,
+            num_gpu_blocks_override=PREEMPT_KV_TOKENS // block,
             disable_log_stats=False,
+            **({"block_size": block} if _on_cuda() else {}),
         )
         results = scenarios_preempt(engine)
     else:

@@ -138,6 +138,17 @@ def test_the_v1_runner_is_chosen_unless_the_operator_chose():
     assert environ == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 
+def _buffers(capture_mb: float = 0.01, bank_slots: int = 8) -> InterventionBuffers:
+    return InterventionBuffers(
+        n_layers=4,
+        hidden=4,
+        max_tokens=16,
+        bank_slots=bank_slots,
+        capture_mb=capture_mb,
+        device=CPU,
+    )
+
+
 def test_the_compile_cache_key_changes_with_the_op_set(monkeypatch: pytest.MonkeyPatch):
     """vLLM's AOT and inductor cache directories are named by hashes of the config: a graph
     compiled without the op (plain vLLM) or with another op set is never loaded with this one."""
@@ -146,12 +157,105 @@ def test_the_compile_cache_key_changes_with_the_op_set(monkeypatch: pytest.Monke
 
     config = VllmConfig()
     plain = aot_compile_hash_factors(config)
-    compat.mark_compile_cache(config)
+    compat.mark_compile_cache(config, _buffers())
     with_op = aot_compile_hash_factors(config)
     assert with_op != plain
     monkeypatch.setattr(compat, "OP_SET_VERSION", compat.OP_SET_VERSION + "-next")
-    compat.mark_compile_cache(config)
+    compat.mark_compile_cache(config, _buffers())
     assert aot_compile_hash_factors(config) not in (plain, with_op)
+
+
+def test_the_compile_cache_key_covers_the_buffer_sizes():
+    """The graph takes the buffers as inputs of fixed shapes, and vLLM loads a cached graph with
+    its guards off: VLLM_ACS_CAPTURE_BUFFER_MB and VLLM_ACS_STEERING_SLOTS are in the key, so a
+    restart with other sizes compiles its own entry (tests/e2e/test_compile_cache_restart.py)."""
+    from vllm.compilation.caching import aot_compile_hash_factors
+    from vllm.config import VllmConfig
+
+    def key(**sizes: float) -> list[str]:
+        config = VllmConfig()
+        compat.mark_compile_cache(config, _buffers(**sizes))
+        return aot_compile_hash_factors(config)
+
+    assert key() == key()  # the same sizes: the same entry (a warm cache is used)
+    assert key(capture_mb=0.02) != key()
+    assert key(bank_slots=9) != key()
+    value = compat.compile_cache_key(_buffers())
+    assert value["ops"] == compat.OP_SET_VERSION
+    assert value["buffers"] == {
+        "bank": [8, 4, "torch.float32"],
+        "indices": [16, 3, 4, "torch.int32"],
+        "capture_buffer": [1311, 4, "torch.bfloat16"],
+    }
+
+
+def _config(**parallel: Any) -> types.SimpleNamespace:
+    """A stand-in VllmConfig: only what refuse_runner_shapes reads (a vLLM without one of the
+    settings is a stand-in without the attribute)."""
+    return types.SimpleNamespace(
+        speculative_config=parallel.pop("speculative_config", None),
+        parallel_config=types.SimpleNamespace(**parallel),
+    )
+
+
+def test_runner_shapes_the_op_cannot_follow_are_refused_with_a_reason():
+    compat.refuse_runner_shapes(_config())  # none of the settings: passes
+    compat.refuse_runner_shapes(
+        _config(
+            pipeline_parallel_size=1,
+            enable_dbo=False,
+            ubatch_size=0,
+            prefill_context_parallel_size=1,
+            decode_context_parallel_size=2,  # shards the KV cache; every rank has every row
+            tensor_parallel_size=2,
+        )
+    )
+    refused = {
+        "speculative decoding": _config(speculative_config=object()),
+        "pipeline parallelism": _config(pipeline_parallel_size=2),
+        r"dual-batch overlap \(--enable-dbo": _config(enable_dbo=True),
+        "micro-batches": _config(enable_dbo=False, ubatch_size=2),
+        r"prefill context parallelism \(--prefill-context-parallel-size": _config(
+            prefill_context_parallel_size=2
+        ),
+    }
+    for reason, config in refused.items():
+        with pytest.raises(UnsupportedSetupError, match=reason):
+            compat.refuse_runner_shapes(config)
+
+
+def test_the_settings_refused_have_these_names_in_the_installed_vllm():
+    """refuse_runner_shapes reads them with defaults: a rename would pass silently, so the names
+    are checked against vLLM's own ParallelConfig (0.32 here; the same in 0.33's)."""
+    import dataclasses
+
+    from vllm.config import ParallelConfig
+
+    names = {field.name for field in dataclasses.fields(ParallelConfig)}
+    assert {
+        "pipeline_parallel_size",
+        "enable_dbo",
+        "ubatch_size",
+        "prefill_context_parallel_size",
+    } <= names
+    with pytest.raises(UnsupportedSetupError, match="dual-batch overlap"):
+        compat.refuse_runner_shapes(
+            types.SimpleNamespace(
+                speculative_config=None, parallel_config=ParallelConfig(enable_dbo=True)
+            )
+        )
+
+
+def test_the_worker_refuses_dual_batch_overlap_before_it_touches_the_model():
+    """install_on_runner (after Worker.load_model) fails the worker's start with the reason."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runner = object.__new__(GPUModelRunner)
+    runner.vllm_config = _config(enable_dbo=True)
+    runner.model = _model(_FusedResidualLayer)
+    with pytest.raises(UnsupportedSetupError, match="dual-batch overlap"):
+        compat.install_on_runner(runner)
+    assert type(runner.model.model.layers[0]) is _FusedResidualLayer  # the op never went on
 
 
 def test_patches_run_when_the_module_is_imported(tmp_path, monkeypatch: pytest.MonkeyPatch):

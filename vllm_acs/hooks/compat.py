@@ -203,19 +203,9 @@ def install_on_runner(runner: Any) -> ActivationRuntime:
 
     wrap = _runner_wrapper(runner)
     config = runner.vllm_config
-    if config.speculative_config is not None:
-        raise UnsupportedSetupError(
-            "vllm_acs capture and steering do not support speculative decoding: draft tokens "
-            "are verified in a pass whose rows are not one request's positions"
-        )
-    if config.parallel_config.pipeline_parallel_size != 1:
-        raise UnsupportedSetupError(
-            "vllm_acs capture and steering do not support pipeline parallelism: each stage sees "
-            "only its own layers"
-        )
+    refuse_runner_shapes(config)
     layers = decoder_layers(runner.model)
     settings = Settings.load(additional_config=config.additional_config or {})
-    mark_compile_cache(config)
     compilation = config.compilation_config
     buffers = InterventionBuffers(
         n_layers=len(layers),
@@ -225,6 +215,7 @@ def install_on_runner(runner: Any) -> ActivationRuntime:
         capture_mb=settings.capture_buffer_mb,
         device=runner.device,
     )
+    mark_compile_cache(config, buffers)
     runtime = ActivationRuntime(
         buffers=buffers,
         root=capture_root(settings.capture_dir),
@@ -248,10 +239,56 @@ def install_on_runner(runner: Any) -> ActivationRuntime:
     return runtime
 
 
-def mark_compile_cache(config: Any) -> None:
-    """Puts the plugin's op set into the config that vLLM hashes for its compile-cache key
-    (`VllmConfig.compute_hash` hashes `additional_config`), so a graph compiled without the op
-    is never loaded with the plugin, nor one with it without the plugin."""
+def refuse_runner_shapes(config: Any) -> None:
+    """Refuses the runner shapes whose rows the op cannot follow: the index buffer holds one row
+    per token of the step's whole batch, in the runner's order (docs/vllm-notes.md). Read with
+    defaults, so a vLLM without one of these settings passes that check."""
+    if config.speculative_config is not None:
+        raise UnsupportedSetupError(
+            "vllm_acs capture and steering do not support speculative decoding: draft tokens "
+            "are verified in a pass whose rows are not one request's positions"
+        )
+    parallel = config.parallel_config
+    if getattr(parallel, "pipeline_parallel_size", 1) != 1:
+        raise UnsupportedSetupError(
+            "vllm_acs capture and steering do not support pipeline parallelism: each stage sees "
+            "only its own layers"
+        )
+    if getattr(parallel, "enable_dbo", False) or (getattr(parallel, "ubatch_size", 0) or 0) > 1:
+        raise UnsupportedSetupError(
+            "vllm_acs capture and steering do not support dual-batch overlap (--enable-dbo, "
+            "--ubatch-size): the model runs on micro-batches, slices of the step's tokens whose "
+            "rows are not the step's rows; turn it off on a node that serves capture or steering"
+        )
+    if (getattr(parallel, "prefill_context_parallel_size", 1) or 1) > 1:
+        raise UnsupportedSetupError(
+            "vllm_acs capture and steering do not support prefill context parallelism "
+            "(--prefill-context-parallel-size > 1): each rank runs its own share of a prompt's "
+            "tokens, reordered, so no rank holds a request's rows in position order"
+        )
+
+
+def compile_cache_key(buffers: InterventionBuffers) -> dict[str, Any]:
+    """What a compiled graph with the op depends on beyond vLLM's own config: the op set, and
+    the shape and dtype of each buffer the graph takes as an input (the capture buffer follows
+    VLLM_ACS_CAPTURE_BUFFER_MB, the bank VLLM_ACS_STEERING_SLOTS)."""
+    tensors = {
+        "bank": buffers.bank,
+        "indices": buffers.indices,
+        "capture_buffer": buffers.capture_buffer,
+    }
+    return {
+        "ops": OP_SET_VERSION,
+        "buffers": {name: [*t.shape, str(t.dtype)] for name, t in tensors.items()},
+    }
+
+
+def mark_compile_cache(config: Any, buffers: InterventionBuffers) -> None:
+    """Puts the plugin's op set and its buffers' shapes into the config that vLLM hashes for its
+    compile-cache key (`VllmConfig.compute_hash` hashes `additional_config`), before the first
+    compile: a graph compiled without the op is never loaded with the plugin, nor one with it
+    without the plugin, nor one traced with other buffer sizes (vLLM loads an AOT graph with
+    its guards off, so nothing else would check the buffers' shapes)."""
     if config.additional_config is None:
         config.additional_config = {}
     if not isinstance(config.additional_config, dict):
@@ -259,7 +296,7 @@ def mark_compile_cache(config: Any) -> None:
             "vllm_acs needs vLLM's additional_config to be a dict (it adds its op set to the "
             f"compile-cache key), found {type(config.additional_config).__name__}"
         )
-    config.additional_config[COMPILE_CACHE_KEY] = OP_SET_VERSION
+    config.additional_config[COMPILE_CACHE_KEY] = compile_cache_key(buffers)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
