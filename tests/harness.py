@@ -160,11 +160,10 @@ class ServerProcess:
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.stop()
-                raise RuntimeError(
-                    f"server exited with {self.process.returncode}:\n{self.log_tail()}"
-                )
+            code = self.process.poll()
+            if code is not None:
+                self.stop()  # forgets the process
+                raise RuntimeError(f"server exited with {code}:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
                     return
