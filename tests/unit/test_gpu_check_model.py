@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PER_SHAPE = (
     "idle output bit-identical to plain",
     "captured rows equal the layer's output from output_hidden_states",
+    "the replayed step captures the eager pass's rows, within 1%",
     "a steer adds its vector to the layer's output, rounded once",
 )
 CHECKS = [f"{shape}: {check}" for shape, _, _ in SHAPES_TINY for check in PER_SHAPE] + [
