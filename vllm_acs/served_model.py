@@ -28,6 +28,11 @@ class ServedModel:
     n_layers: int = 0
     hidden_size: int = 0
     max_activation_prompt_tokens: int = 0
+    # Each worker's capture buffer in rows (one token at one layer), all of one step's captures
+    # together (VLLM_ACS_CAPTURE_BUFFER_MB); 0: unknown, not checked at admission. With chunked
+    # prefill off, a prompt goes through the model in one step.
+    capture_buffer_rows: int = 0
+    chunked_prefill: bool = True
     default: bool = True
     created: int = field(default_factory=lambda: int(time.time()))
 

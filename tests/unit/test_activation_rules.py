@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -211,3 +212,61 @@ def test_full_vocab_with_capture_at_the_cap():
 def test_model_without_activations_refuses():
     error = _error({"output_residual_stream": True}, n_layers=0)
     assert error.code == "invalid_request"
+
+
+def _buffer_models(rows: int, chunked_prefill: bool) -> NodeModels:
+    models = _models()
+    model = models.get("m")
+    assert model is not None
+    models.register(
+        dataclasses.replace(model, capture_buffer_rows=rows, chunked_prefill=chunked_prefill),
+        models.tokenizer("m"),
+    )
+    return models
+
+
+def test_a_capture_that_can_never_fit_in_one_step_is_refused_at_admission():
+    capture_all = {**BASE, "output_residual_stream": True}  # 4 prompt tokens x 4 layers
+    # Without chunked prefill the prompt is one step: 16 rows.
+    with pytest.raises(AcsError) as caught:
+        validate_completion(capture_all, _buffer_models(15, False), SETTINGS, "r")
+    assert caught.value.code == "activation_prompt_too_long"
+    assert "16 rows" in caught.value.message and "holds 15" in caught.value.message
+    assert "VLLM_ACS_CAPTURE_BUFFER_MB" in caught.value.message
+    assert validate_completion(capture_all, _buffer_models(16, False), SETTINGS, "r").activations
+    # With chunked prefill a step may hold one token of it: only one token's layers must fit.
+    assert validate_completion(capture_all, _buffer_models(4, True), SETTINGS, "r").activations
+    with pytest.raises(AcsError) as caught:
+        validate_completion(capture_all, _buffer_models(3, True), SETTINGS, "r")
+    assert caught.value.code == "invalid_request" and caught.value.param == "output_residual_stream"
+    assert "4 rows" in caught.value.message and "VLLM_ACS_CAPTURE_BUFFER_MB" in caught.value.message
+    # Steering alone takes no rows; an unknown buffer (0) is not checked here.
+    assert validate_completion(
+        {**BASE, "apply_steering_vectors": [_steer()]}, _buffer_models(1, False), SETTINGS, "r"
+    ).activations
+    assert validate_completion(capture_all, _buffer_models(0, False), SETTINGS, "r").activations
+
+
+def test_the_served_model_sizes_the_capture_buffer_as_the_workers_do():
+    from types import SimpleNamespace
+
+    from vllm_acs.routes.models.service import served_model_from_engine
+
+    model_config = SimpleNamespace(
+        served_model_name="org/m",
+        get_vocab_size=lambda: 1000,
+        max_logprobs=20,
+        max_model_len=2048,
+        get_num_layers=lambda parallel: 32,
+        get_hidden_size=lambda: 4096,
+    )
+    for chunked in (True, False):
+        vllm_config = SimpleNamespace(
+            parallel_config=None,
+            speculative_config=None,
+            scheduler_config=SimpleNamespace(enable_chunked_prefill=chunked),
+        )
+        settings = Settings.load(environ={"VLLM_ACS_GPU_SHAPE": "1xGPU"})
+        model = served_model_from_engine(model_config, vllm_config, settings)
+        # 256 MB (the default) / (2 x 4096): the rows hooks/intervention_buffers.py allocates.
+        assert model.capture_buffer_rows == 32768 and model.chunked_prefill is chunked

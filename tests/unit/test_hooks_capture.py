@@ -4,9 +4,11 @@ copying the stream there, the rows filed per request; a buffer too small for a s
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from vllm_acs.hooks.capture import CaptureTable, file_rows
+from vllm_acs.hooks.capture import CaptureSegment, CaptureTable, file_rows
+from vllm_acs.hooks.capture_copy import CaptureCopyOut, CudaCopies
 from vllm_acs.hooks.intervention_buffers import InterventionBuffers
 from vllm_acs.hooks.intervention_op import (
     CAPTURE_ROW,
@@ -116,18 +118,39 @@ def test_a_step_without_rows_to_keep_plans_nothing():
     assert step.rows == 0 and step.segments == [] and step.touched == set()
 
 
-def test_requests_that_do_not_fit_in_the_buffer_are_named_and_get_no_rows():
+def test_only_the_requests_that_do_not_fit_are_named_and_get_no_rows():
     buffers = _buffers(8)
     files = [np.zeros((10, 2, HIDDEN), dtype=np.int16) for _ in range(3)]
     table = CaptureTable([(f, (0, 1)) for f in files])
-    # 2 + 3 + 1 tokens at 2 layers: 4 + 6 rows fit in 8? The first (4) does, the second (10)
-    # does not, and the third comes after it.
+    # 2 + 3 + 1 tokens at 2 layers: 4, 6 and 2 rows for a buffer of 8. The first fits; the
+    # second does not fit in the 4 left; the third still does (a running total failed it too).
     step = table.plan(
         buffers.host_view, 8, np.array([0, 2, 5]), np.array([2, 3, 1]), np.array([0, 0, 0])
     )
-    assert step.overflow == [1, 2]
-    assert [s.first_row for s in step.segments] == [0] and step.rows == 4
-    assert (buffers.host_view[2:6, CAPTURE_ROW, :2] == buffers.scratch_row).all()
+    assert step.overflow == [(1, 6)]
+    assert [(s.first_row, s.length) for s in step.segments] == [(0, 2), (4, 1)]
+    assert step.rows == 6 and step.kept.tolist() == [0, 2]
+    assert (buffers.host_view[2:5, CAPTURE_ROW, :2] == buffers.scratch_row).all()
+    assert buffers.host_view[5, CAPTURE_ROW, :2].tolist() == [4, 5]
+
+
+def test_a_request_too_big_for_any_step_fails_alone_whatever_its_place():
+    buffers = _buffers(8)
+    files = [np.zeros((10, 2, HIDDEN), dtype=np.int16) for _ in range(3)]
+    table = CaptureTable([(f, (0, 1)) for f in files])
+    # 5 tokens at 2 layers (10 rows) never fit in 8; the 1-token requests around it do.
+    step = table.plan(
+        buffers.host_view, 8, np.array([0, 1, 6]), np.array([1, 5, 1]), np.array([0, 0, 0])
+    )
+    assert step.overflow == [(1, 10)]
+    assert [s.first_row for s in step.segments] == [0, 2] and step.rows == 4
+
+
+def test_a_step_that_fits_takes_the_plain_path_and_names_nobody():
+    buffers = _buffers(8)
+    table = CaptureTable([(np.zeros((10, 2, HIDDEN), dtype=np.int16), (0, 1))] * 2)
+    step = table.plan(buffers.host_view, 8, np.array([0, 2]), np.array([2, 2]), np.zeros(2, int))
+    assert step.overflow == [] and step.rows == 8  # exactly full
 
 
 def test_the_buffer_size_follows_the_setting_not_the_depth_or_batch():
@@ -141,3 +164,24 @@ def test_the_buffer_size_follows_the_setting_not_the_depth_or_batch():
     )
     assert small.capture_rows == 64 * 1024 * 1024 // (2 * 8192)
     assert small.capture_buffer.shape == (small.capture_rows + 1, 8192)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_copies_file_the_rows_their_pass_wrote_not_the_next_passs():
+    """The copy-out's CUDA device: the rows come back through pinned memory on a side stream,
+    and a later pass that writes the buffer again (ordered by before_capture) does not change
+    what is filed."""
+    rows, width = 4096, 2
+    buffer = torch.zeros((rows + 1, HIDDEN), dtype=torch.bfloat16, device="cuda")
+    copies = CudaCopies(buffer, slots=2)
+    out = CaptureCopyOut(copies)
+    target = np.zeros((rows // width, width, HIDDEN), dtype=np.int16)
+    values = torch.arange(rows * HIDDEN, device="cuda").reshape(rows, HIDDEN) % 251
+    buffer[:rows] = values.bfloat16()  # the pass
+    out.submit(rows, [CaptureSegment(target, 0, rows // width)], [0], [])
+    assert out.mark == 1
+    out.before_capture()
+    buffer[:rows] = -1  # the next pass
+    out.file_through(1)
+    expected = values.bfloat16().view(torch.int16).cpu().numpy()
+    assert np.array_equal(target.reshape(rows, HIDDEN), expected) and out.mark is None

@@ -35,6 +35,14 @@ _MESSAGE_OFFSET = 64
 SUFFIX = ".acscap"
 STATUS_OK = 0
 STATUS_FAILED = 1
+BYTES_PER_MB = 1024 * 1024
+
+
+def capture_buffer_rows(capture_mb: float, hidden: int) -> int:
+    """The rows of a worker's capture buffer (`VLLM_ACS_CAPTURE_BUFFER_MB`), a row being one
+    token at one layer (2 x hidden bytes): what one forward step can capture, over all its
+    requests. The workers size the buffer with it and the API server refuses what can never fit."""
+    return max(1, int(capture_mb * BYTES_PER_MB) // (2 * hidden))
 
 
 class CaptureError(RuntimeError):

@@ -158,6 +158,36 @@ def _steering_entry(
     )
 
 
+def _check_capture_fits(n_layers: int, prompt_len: int, model: ServedModel) -> None:
+    """Refuses, before any engine work, a capture that can never fit in one step of the
+    workers' capture buffer (rows = tokens in a step x layers captured; the buffer holds all of
+    one step's captures). Only what can never fit: with chunked prefill (vLLM's default) the
+    scheduler may give a request any number of tokens in a step, down to one, so only one
+    token's layers can be certain not to fit; without it, the whole prompt goes in one step. A
+    capture that fits only in a smaller chunk than vLLM gives it fails in the worker (a 502
+    naming the setting and the rows that step needed)."""
+    rows = model.capture_buffer_rows
+    if rows <= 0:
+        return
+    if n_layers > rows:
+        raise InvalidRequest(
+            f"This capture needs {n_layers} rows of the node's capture buffer for each token "
+            f"(one per layer captured) and the buffer holds {rows} "
+            "(VLLM_ACS_CAPTURE_BUFFER_MB; rows = tokens in a step x layers): capture fewer "
+            "layers, or ask the operator to raise it.",
+            param="output_residual_stream",
+        )
+    if not model.chunked_prefill and prompt_len * n_layers > rows:
+        raise ActivationPromptTooLong(
+            f"This capture needs {prompt_len * n_layers} rows of the node's capture buffer in "
+            f"one step ({prompt_len} prompt tokens x {n_layers} layers: this node runs a "
+            f"prompt in one step) and the buffer holds {rows} (VLLM_ACS_CAPTURE_BUFFER_MB; "
+            "rows = tokens in a step x layers): capture fewer layers or send a shorter "
+            "prompt, or ask the operator to raise it.",
+            param="prompt",
+        )
+
+
 def activation_payload(
     request: CompletionRequest,
     model: ServedModel,
@@ -185,6 +215,8 @@ def activation_payload(
             "Use a bulk harvest for longer prompts.",
             param="prompt",
         )
+    if layers:
+        _check_capture_fits(len(layers), prompt_len, model)
     if sum(v.decoded_bytes for v in vectors) > MAX_STEERING_BYTES:
         raise InvalidRequest(
             f"The steering vectors decode to more than {MAX_STEERING_BYTES} bytes together.",

@@ -5,8 +5,10 @@ without vLLM).
 
 A request's rows of one step sit together in the buffer, token-major then layer (`[tokens,
 layers, hidden]`), which is the capture file's own layout: filing them is one copy per request.
-A step that would need more rows than the buffer holds keeps the requests that fit, in order,
-and returns the others to fail loudly (never a silently missing row).
+A step that would need more rows than the buffer holds fits each request that still fits in
+what the requests before it left (in table order, the order they arrived), and returns the
+others, with the rows each needed, to fail loudly (never a silently missing row): one request
+too big for the step does not fail the smaller ones after it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class CaptureStep(NamedTuple):
     kept: np.ndarray  # the table's requests with rows in this step
     rows: int  # buffer rows used by this step
     touched: set[int]  # layers with a captured token
-    overflow: list[int]  # requests (table order) that did not fit in the buffer
+    # (request in table order, rows it needed) for each request that did not fit in the buffer
+    overflow: list[tuple[int, int]]
 
 
 class CaptureTable:
@@ -63,11 +66,12 @@ class CaptureTable:
         this step (0 = none; already cut to what each file holds), first absolute position.
         Writes the capture rows into `view` ([tokens, fields, layers])."""
         need = lengths * self._width
-        ends = np.cumsum(need)
-        fits = ends <= capacity
-        overflow = np.flatnonzero(~fits & (need > 0)).tolist()
-        lengths = np.where(fits, lengths, 0)
-        need = lengths * self._width
+        overflow: list[tuple[int, int]] = []
+        if int(need.sum()) > capacity:
+            fits = _fit_in_order(need, capacity)
+            overflow = [(i, int(need[i])) for i in np.flatnonzero(~fits & (need > 0)).tolist()]
+            lengths = np.where(fits, lengths, 0)
+            need = lengths * self._width
         first_row = np.cumsum(need) - need
         counts = lengths[self._who]
         touched: set[int] = set()
@@ -87,6 +91,19 @@ class CaptureTable:
             )
         ]
         return CaptureStep(segments, kept, int(need.sum()), touched, overflow)
+
+
+def _fit_in_order(need: np.ndarray, capacity: int) -> np.ndarray:
+    """Which requests get rows when the step's captures do not all fit: each request, in
+    order, that fits in what the ones before it left. A request that does not fit takes
+    nothing, so a later, smaller one may still fit (only a crowded step comes here)."""
+    fits = np.zeros(len(need), dtype=bool)
+    left = capacity
+    for i, rows in enumerate(need.tolist()):
+        if 0 < rows <= left:
+            fits[i] = True
+            left -= rows
+    return fits
 
 
 def file_rows(bits: np.ndarray, segments: Sequence[CaptureSegment], positions: list[int]) -> None:

@@ -416,7 +416,7 @@ def _wrap_runner(runner: Any, runtime: ActivationRuntime) -> None:
         _learn_requests(runtime, scheduler_output)
         in_step[0] = True
         try:
-            return execute_model(scheduler_output, *args, **kwargs)
+            return hold_output(runtime, execute_model(scheduler_output, *args, **kwargs))
         finally:
             in_step[0] = False
 
@@ -444,6 +444,7 @@ def _wrap_runner(runner: Any, runtime: ActivationRuntime) -> None:
 
     runner.execute_model = execute_model_hooked
     runner._model_forward = model_forward_hooked
+    _hold_sampled_outputs(runner, runtime)
 
 
 def _wrap_runner_v2(runner: Any, runtime: ActivationRuntime) -> None:
@@ -467,11 +468,11 @@ def _wrap_runner_v2(runner: Any, runtime: ActivationRuntime) -> None:
         try:
             output = execute_model(scheduler_output, *args, **kwargs)
             completed = True
-            return output
         finally:
             if step["begun"]:
                 runtime.end_step(completed)
             step["live"], step["begun"] = False, False
+        return hold_output(runtime, output)
 
     @functools.wraps(prepare_inputs)
     def prepare_inputs_hooked(*args: Any, **kwargs: Any) -> Any:
@@ -490,6 +491,47 @@ def _wrap_runner_v2(runner: Any, runtime: ActivationRuntime) -> None:
 
     runner.execute_model = execute_model_hooked
     runner.prepare_inputs = prepare_inputs_hooked
+    _hold_sampled_outputs(runner, runtime)
+
+
+def _hold_sampled_outputs(runner: Any, runtime: ActivationRuntime) -> None:
+    """V1 and V2 alike: a step's output comes from `sample_tokens`, after execute_model ran the
+    forward pass (execute_model itself returns one only for a step without sampling)."""
+    sample_tokens: Callable[..., Any] | None = getattr(runner, "sample_tokens", None)
+    if sample_tokens is None:
+        return
+
+    @functools.wraps(sample_tokens)
+    def sample_tokens_hooked(*args: Any, **kwargs: Any) -> Any:
+        return hold_output(runtime, sample_tokens(*args, **kwargs))
+
+    runner.sample_tokens = sample_tokens_hooked
+
+
+def hold_output(runtime: ActivationRuntime, output: Any) -> Any:
+    """A step's model-runner output leaves the worker only once the captured rows of that step
+    (and of the steps before) are filed, so the API server, which reads a capture once the
+    request's final output is back, finds every row (hooks/capture_copy.py gives the ordering).
+    A plain `ModelRunnerOutput` (synchronous scheduling; the runner has waited for the sampled
+    tokens) is held here; an `AsyncModelRunnerOutput` in its `get_output`, which vLLM's output
+    thread calls before it sends the output on, so the worker's next step is not held up. With
+    nothing to file (every step without capture) the output passes untouched."""
+    if output is None:
+        return output
+    mark = runtime.output_mark
+    if mark is None:
+        return output
+    get_output = getattr(output, "get_output", None)
+    if not callable(get_output):
+        runtime.file_through(mark)
+        return output
+
+    def get_output_after_rows() -> Any:
+        runtime.file_through(mark)
+        return get_output()
+
+    output.get_output = get_output_after_rows
+    return output
 
 
 def _prompt_len(data: Any) -> int:

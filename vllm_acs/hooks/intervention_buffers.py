@@ -12,8 +12,9 @@ change, so a compiled graph keeps reading the same storage.
   last row is scratch.
 
 On a GPU, `host_indices` is a pinned mirror: a step writes its rows there and sends them with one
-non-blocking copy; captured rows come back the same way (`read_capture_rows`). On a CPU the two
-are one tensor. A leaf module beside the op: torch and numpy, no vLLM.
+non-blocking copy; captured rows come back through hooks/capture_copy.py (a side stream into
+pinned memory). On a CPU the two are one tensor. A leaf module beside the op: torch and numpy,
+no vLLM.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ import hashlib
 import numpy as np
 import torch
 
+from ..activations.store import capture_buffer_rows
 from .intervention_op import CAPTURE_ROW, N_FIELDS
-
-BYTES_PER_MB = 1024 * 1024
 
 
 class BankFullError(RuntimeError):
@@ -89,7 +89,8 @@ class InterventionBuffers:
         self.n_layers = n_layers
         self.hidden = hidden
         self.device = device
-        self.capture_rows = max(1, int(capture_mb * BYTES_PER_MB) // (2 * hidden))
+        self.capture_mb = capture_mb
+        self.capture_rows = capture_buffer_rows(capture_mb, hidden)
         self.scratch_row = self.capture_rows
         self.bank = torch.zeros((max(2, bank_slots), hidden), dtype=torch.float32, device=device)
         self.indices = torch.zeros(
@@ -107,9 +108,9 @@ class InterventionBuffers:
             self._capture_bits = self.capture_buffer.view(torch.int16).numpy()
         else:
             self.host_indices = self.indices.cpu().pin_memory()
-            self._host_capture = torch.empty(
-                (self.capture_rows, hidden), dtype=torch.bfloat16, pin_memory=True
-            )
+            # read_capture_rows' pinned rows, made on its first call (the engine's steps copy
+            # through hooks/capture_copy.py instead).
+            self._host_capture: torch.Tensor | None = None
             self._copied = torch.cuda.Event()
             # The last index copy: the host rows are not rewritten before it has read them
             # (the CPU may run a step ahead of the device).
@@ -144,9 +145,14 @@ class InterventionBuffers:
             self._sent.record()
 
     def read_capture_rows(self, rows: int) -> np.ndarray:
-        """After the forward pass: the step's first `rows` captured rows as bf16 bits (int16)."""
+        """After the forward pass: the step's first `rows` captured rows as bf16 bits (int16),
+        waiting for them (tests and benchmarks; an engine step uses the copy-out)."""
         if self.on_host:
             return self._capture_bits[:rows]
+        if self._host_capture is None:
+            self._host_capture = torch.empty(
+                (self.capture_rows, self.hidden), dtype=torch.bfloat16, pin_memory=True
+            )
         host = self._host_capture[:rows]
         host.copy_(self.capture_buffer[:rows], non_blocking=True)
         self._copied.record()

@@ -3,8 +3,9 @@
 Runs in each vLLM worker. compat.py feeds it vLLM's per-step facts as plain values (new and
 finished requests, the batch's request rows and positions); it writes each step's slots and
 capture rows into the intervention op's index buffer (steering.py, capture.py,
-intervention_buffers.py), files the captured rows after the pass and owns the capture files
-(activations/store.py). Tested without vLLM.
+intervention_buffers.py), hands the captured rows to the copy-out after the pass
+(capture_copy.py: filed off the step's critical path, before the step's output leaves the
+worker) and owns the capture files (activations/store.py). Tested without vLLM.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 
 from ..activations.payload import AcsPayload, PayloadError
 from ..activations.store import CaptureError, CaptureWriter
-from .capture import CaptureStep, CaptureTable, file_rows
+from .capture import CaptureStep, CaptureTable
+from .capture_copy import CaptureCopyOut, CopyDevice, CudaCopies, HostCopies
 from .intervention_buffers import BankFullError, InterventionBuffers
 from .intervention_op import CAPTURES, CPU_GATE, NORM_STEERS, STEERS, LayerPlan, plan_layers
 from .steering import (
@@ -117,8 +119,24 @@ def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
 
 
 class ActivationRuntime:
-    def __init__(self, *, buffers: InterventionBuffers, root: Path, writes_files: bool) -> None:
+    def __init__(
+        self,
+        *,
+        buffers: InterventionBuffers,
+        root: Path,
+        writes_files: bool,
+        copies: CopyDevice | None = None,
+    ) -> None:
+        """`copies`: how captured rows come back from the device (default: in place on CPU, a
+        side stream into pinned memory on CUDA; tests pass a fake)."""
         self.buffers = buffers
+        if copies is None:
+            copies = (
+                HostCopies(buffers.capture_buffer)
+                if buffers.on_host
+                else CudaCopies(buffers.capture_buffer)
+            )
+        self.copy_out = CaptureCopyOut(copies)
         self.n_layers = buffers.n_layers
         self.hidden = buffers.hidden
         self.root = root
@@ -153,6 +171,18 @@ class ActivationRuntime:
         step's rows still to put back at rest on the device."""
         return bool(self._requests) or self.buffers.dirty
 
+    @property
+    def output_mark(self) -> int | None:
+        """Right after a step: the filing its output must wait for (`file_through`), or None
+        when every captured row of it and of the steps before is filed."""
+        return self.copy_out.mark
+
+    def file_through(self, mark: int) -> None:
+        """Files the captured rows of the steps up to `mark`, waiting for them to land: before
+        the output of the step that gave `mark` leaves the worker (compat.hold_output). Safe
+        from vLLM's output thread."""
+        self.copy_out.file_through(mark)
+
     def add_requests(self, requests: Iterable[NewRequest]) -> None:
         for new in requests:
             if not new.extra_args or "acs" not in new.extra_args or new.req_id in self._requests:
@@ -171,7 +201,8 @@ class ActivationRuntime:
             self._release_slots(state)
             if state.writer is not None:
                 state.target = None
-                state.writer.close()
+                # Closed once the rows queued for it are filed (an abort may come first).
+                self.copy_out.retire(state)
 
     def _release_slots(self, state: _Request) -> None:
         if state.slots is not None:
@@ -250,6 +281,9 @@ class ActivationRuntime:
         A step laid out as the last one (the same requests at the same first tokens with the same
         token counts: decode steps of a stable batch) finds its rows already there, unless a
         position-indexed vector or a file's end makes it differ: then only positions move."""
+        copy_out = self.copy_out
+        if copy_out.pending:
+            copy_out.file_ready()  # earlier steps' rows that have landed; never waits
         if self._roster is None:
             self._roster = _Roster(self._requests)
         roster = self._roster
@@ -293,6 +327,10 @@ class ActivationRuntime:
         self._capture_positions = (
             [] if capture is None else positions[roster.captured][capture.kept].tolist()
         )
+        if capture is not None and capture.rows:
+            # The buffer's rows may still be on their way out from the last step: this pass
+            # writes them only after that copy (ordered on the device, the host goes on).
+            copy_out.before_capture()
         moved = layout.moved
         done = np.minimum(positions[moved] + lengths[moved], roster.rows_limit[moved])
         states = roster.states
@@ -372,13 +410,8 @@ class ActivationRuntime:
         if roster.capture is not None:
             c = roster.captured
             capture = roster.capture.plan(view, buffers.capture_rows, starts[c], kept, positions[c])
-            for j in capture.overflow:
-                self._fail(
-                    roster.states[c[j]],
-                    f"this step's captures need more than the {buffers.capture_rows} rows of the "
-                    "worker's capture buffer (VLLM_ACS_CAPTURE_BUFFER_MB): capture fewer layers "
-                    "or a shorter prompt, or ask the operator to raise it",
-                )
+            for j, need in capture.overflow:
+                self._fail(roster.states[c[j]], self._overflow_message(need, int(kept[j])))
             for layer in capture.touched:
                 work[layer] |= CAPTURES
         if roster.steering is not None:
@@ -390,6 +423,20 @@ class ActivationRuntime:
                 work[layer] |= NORM_STEERS
         return work, capture
 
+    def _overflow_message(self, need: int, tokens: int) -> str:
+        """Short: the capture file's header keeps 191 bytes of it (the log, all of it)."""
+        rows, mb = self.buffers.capture_rows, self.buffers.capture_mb
+        what = f"{need} rows ({tokens} tokens x {need // max(tokens, 1)} layers)"
+        if need > rows:
+            return (
+                f"the capture needs {what} in one step, more than the capture buffer's {rows} "
+                f"(VLLM_ACS_CAPTURE_BUFFER_MB={mb:g}): capture fewer layers or a shorter prompt"
+            )
+        return (
+            f"a crowded step: the capture needed {what}, and fewer of the capture buffer's "
+            f"{rows} (VLLM_ACS_CAPTURE_BUFFER_MB={mb:g}) were left; retry"
+        )
+
     def _fail(self, state: _Request, message: str) -> None:
         state.fail(message)
         self._release_slots(state)
@@ -397,7 +444,10 @@ class ActivationRuntime:
         self._last = None
 
     def end_step(self, completed: bool) -> None:
-        """After the forward pass: rows to the files, then mark them done (in that order)."""
+        """After the forward pass: the captured rows to the copy-out, which files them and
+        then raises each request's `rows_done` (in that order) once they have landed: at once
+        on CPU; on CUDA at a later step or before this step's output leaves the worker
+        (`output_mark`, `file_through`). Nothing here waits for the device."""
         capture, advance, stepped = self._capture, self._advance, self._stepping
         calls = self._gate.calls
         if stepped:
@@ -418,8 +468,6 @@ class ActivationRuntime:
                 )
             return
         if capture is not None and capture.rows:
-            bits = self.buffers.read_capture_rows(capture.rows)
-            file_rows(bits, capture.segments, self._capture_positions)
-        for state, rows_done in advance:
-            if state.writer is not None and not state.failed:
-                state.writer.advance(rows_done)
+            self.copy_out.submit(capture.rows, capture.segments, self._capture_positions, advance)
+        else:
+            self.copy_out.submit(0, (), [], advance)

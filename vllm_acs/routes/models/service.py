@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...activations.store import capture_buffer_rows
 from ...served_model import ServedModel, Tokenize, short_id_for
 from ...settings import Settings
 from .protocol import ModelCapabilities, ModelCard, ModelList
@@ -80,6 +81,14 @@ def served_model_from_engine(
         hidden_size=model_config.get_hidden_size(),
         max_activation_prompt_tokens=min(
             settings.max_activation_prompt_tokens, model_config.max_model_len
+        ),
+        # As the workers size it (hooks/intervention_buffers.py), so that admission refuses a
+        # capture that can never fit in one step.
+        capture_buffer_rows=capture_buffer_rows(
+            settings.capture_buffer_mb, model_config.get_hidden_size()
+        ),
+        chunked_prefill=bool(
+            getattr(getattr(vllm_config, "scheduler_config", None), "enable_chunked_prefill", True)
         ),
         default=settings.default_model in (None, short_id),
     )
