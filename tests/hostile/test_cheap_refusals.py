@@ -63,16 +63,20 @@ class _Counted:
         return await self.lookup(prefix)
 
 
+def _counted_plugin(storage: Any) -> tuple[Clock, _Counted, KeyAuthPlugin]:
+    """The built-in key check on `storage`, on the test's clock, its lookups counted."""
+    clock = Clock()
+    counted = _Counted(storage.keys.lookup)
+    storage.keys.lookup = counted
+    plugin = KeyAuthPlugin(storage.keys, storage.settings, unknown=UnknownPrefixes(clock=clock))
+    return clock, counted, plugin
+
+
 def test_a_flood_of_unknown_keys_makes_one_lookup_per_prefix_per_ttl(tmp_path: Path):
     async def run() -> None:
         storage = await open_storage(Settings(home=tmp_path))
         try:
-            clock = Clock()
-            counted = _Counted(storage.keys.lookup)
-            storage.keys.lookup = counted  # type: ignore[method-assign]
-            plugin = KeyAuthPlugin(
-                storage.keys, storage.settings, unknown=UnknownPrefixes(clock=clock)
-            )
+            clock, counted, plugin = _counted_plugin(storage)
             account = await storage.accounts.create("flood", approved=True)
             _, real = await storage.keys.create(account.id)
             unknown = new_secret()
@@ -112,12 +116,7 @@ def test_a_key_made_after_its_prefix_was_refused_works_once_the_ttl_passed(
     async def run() -> None:
         storage = await open_storage(Settings(home=tmp_path))
         try:
-            clock = Clock()
-            counted = _Counted(storage.keys.lookup)
-            storage.keys.lookup = counted  # type: ignore[method-assign]
-            plugin = KeyAuthPlugin(
-                storage.keys, storage.settings, unknown=UnknownPrefixes(clock=clock)
-            )
+            clock, counted, plugin = _counted_plugin(storage)
             secret = new_secret()
             assert await _code(plugin, secret) == "invalid_api_key"
             # The key is made now (on this node or another: the same database), with that secret.
