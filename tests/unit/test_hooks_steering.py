@@ -120,6 +120,23 @@ def test_norm_match_uses_the_full_residual_stream():
     assert out[0, 0].item() == pytest.approx(0.5 * 5.0)
 
 
+def test_tokens_that_all_read_one_slot_share_its_bank_row_with_the_same_results():
+    """The CPU plan reads one bank row, broadcast, where every token of the step reads the same
+    slot (no gathered copy per token); bit-identical to the branch-free math in bf16, plain and
+    norm-matched alike; a step where some tokens are at rest still gathers."""
+    plain = _rows(np.linspace(-1, 1, HIDDEN, dtype=np.float32)[None], (2,), scale=0.3)
+    norm = _rows(np.linspace(1, 2, HIDDEN, dtype=np.float32)[None], (2,), norm_match=True)
+    hidden = torch.randn(6, HIDDEN).to(torch.bfloat16)
+    residual = torch.randn(6, HIDDEN).to(torch.bfloat16)
+    shared = _Step([(plain + norm, 0, 3, 0), (plain + norm, 3, 3, 7)])
+    shared.apply(2, hidden, residual)  # checks planned == dense, bit for bit
+    plan = CPU_GATE.layer_plans[2]
+    assert plan.plain.shape == (1, HIDDEN) and plan.norm.shape == (1, HIDDEN)
+    mixed = _Step([(plain + norm, 0, 3, 0)])
+    mixed.apply(2, hidden, residual)
+    assert CPU_GATE.layer_plans[2].plain.shape == (6, HIDDEN)
+
+
 def test_position_indices_follow_absolute_positions_across_chunks_and_decode():
     vectors = np.ones((1, 2, HIDDEN), dtype=np.float32)
     vectors[0, 1] = 2.0

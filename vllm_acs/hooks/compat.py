@@ -386,8 +386,13 @@ def _runner_wrapper(runner: Any) -> Callable[[Any, ActivationRuntime], None]:
 
 def _learn_requests(runtime: ActivationRuntime, scheduler_output: Any) -> None:
     """As a step starts, on either runner: the requests that finished, and the new ones that
-    carry extra_args (the runtime keeps those with an ACS payload)."""
-    runtime.finish_requests(scheduler_output.finished_req_ids)
+    carry extra_args (the runtime keeps those with an ACS payload). Most steps have neither:
+    they cost two attribute reads."""
+    finished = scheduler_output.finished_req_ids
+    if finished and runtime.active:
+        runtime.finish_requests(finished)
+    if not scheduler_output.scheduled_new_reqs:
+        return
     new = [
         NewRequest(
             req_id=data.req_id,
@@ -516,7 +521,7 @@ def hold_output(runtime: ActivationRuntime, output: Any) -> Any:
     tokens) is held here; an `AsyncModelRunnerOutput` in its `get_output`, which vLLM's output
     thread calls before it sends the output on, so the worker's next step is not held up. With
     nothing to file (every step without capture) the output passes untouched."""
-    if output is None:
+    if output is None or not runtime.copy_out.pending:
         return output
     mark = runtime.output_mark
     if mark is None:

@@ -124,13 +124,25 @@ def plan_layers(
         plans.append(
             LayerPlan(
                 tokens,
-                bank.index_select(0, rows[:, STEER_SLOT]) if bits & STEERS else None,
-                bank.index_select(0, rows[:, NORM_SLOT]) if bits & NORM_STEERS else None,
+                _bank_rows(bank, rows[:, STEER_SLOT]) if bits & STEERS else None,
+                _bank_rows(bank, rows[:, NORM_SLOT]) if bits & NORM_STEERS else None,
                 capture_rows,
                 None if capture_rows is None else _evenly_spaced(capture_buffer, capture_rows),
             )
         )
     return plans
+
+
+def _bank_rows(bank: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """`bank[slots]` per token; where every token reads one slot (one steered request, or all
+    steered alike), that slot's row as a `[1, hidden]` view, which the adds broadcast to the same
+    numbers without gathering a `[tokens, hidden]` float32 copy (a long prefill's would be
+    large). The view is safe for the plan's life: a slot is freed only when a request ends or
+    fails, and either makes a new layout and so new plans."""
+    first = int(slots[0])
+    if first and bool((slots == first).all()):
+        return bank[first : first + 1]
+    return bank.index_select(0, slots)
 
 
 def _evenly_spaced(capture_buffer: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
