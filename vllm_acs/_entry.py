@@ -81,6 +81,11 @@ class AcsEndpointPlugin:
         self.registry: Any = None
         self.forwarding_client: Any = None
         self.engine_client: Any = None
+        from .jobs.batch_share import LiveTraffic
+
+        # Live completions in flight here, which batch work keeps its share beside.
+        self.live = LiveTraffic()
+        self.batch: Any = None
 
     def attach_router(self, app: FastAPI) -> None:
         from starlette.middleware.gzip import GZipMiddleware
@@ -148,7 +153,7 @@ class AcsEndpointPlugin:
             workbench=settings.workbench,
         )
         # add_middleware puts each new one outside the previous: innermost first.
-        app.add_middleware(CompletionRewriteMiddleware)
+        app.add_middleware(CompletionRewriteMiddleware, live=self.live)
         app.add_middleware(ActivationResponseMiddleware, capture_dir=settings.capture_dir)
         app.add_middleware(DeferredMiddleware, build=self._admission)
         app.add_middleware(UsageChunkMiddleware)
@@ -263,7 +268,7 @@ class AcsEndpointPlugin:
 
         assert self.storage is not None and self.app is not None and self.jobs is not None
         assert self.looms is not None and self.generations is not None
-        completions = CompletionJobKind(self.app, self.storage.keys, settings)
+        completions = CompletionJobKind(self.app, self.storage.keys, settings, self.batch)
         branches = LoomBranchKind(
             self.app,
             self.storage.looms,
@@ -278,12 +283,16 @@ class AcsEndpointPlugin:
             HARVEST_KIND: self._harvest_kind(completions),
             LOOM_BRANCH_KIND: branches,
         }
+        # A node kept out of batch work (`batch_work` false) claims only Loom branches (a dead
+        # node's, reaped): harvests and completion jobs wait for the nodes that take them.
+        claimed = list(kinds) if settings.batch_work else [LOOM_BRANCH_KIND]
         self.runner = JobRunner(
             self.storage.jobs,
             kinds,
             lambda: [model.id for model in self.models.all()],
             concurrency=settings.job_concurrency,
             lease_s=settings.job_lease_ms / 1000,
+            claim_kinds=claimed,
         )
         self.jobs.bind(self.storage, self.runner)
         signer = UrlSigner(load_or_create_secret(settings.url_secret, settings.home))
@@ -327,6 +336,7 @@ class AcsEndpointPlugin:
             completions.current_principal,
             on_charged=lambda row: self._usage_written(row),
             jobs=self.storage.jobs,
+            batch=self.batch,
         )
 
     def _usage_written(self, row: Any) -> None:
@@ -348,6 +358,7 @@ class AcsEndpointPlugin:
         )
         self.models.register(served, tokenizer_of(engine_client))
         self.engine_client = engine_client
+        self.batch = _batch_scheduling(engine_client, self.live)
         self.storage = storage = await open_storage(settings)
         plugins = self.plugins
         plugins.register(KeyAuthPlugin(storage.keys, settings))
@@ -377,6 +388,22 @@ class AcsEndpointPlugin:
         if self.storage is not None:
             await self.storage.close()
             self.storage = None
+
+
+def _batch_scheduling(engine_client: Any, live: Any) -> Any:
+    """Batch work's priority follows the engine's policy (vLLM refuses a priority but 0 under
+    fcfs): `vllm-acs serve` sets `priority` unless the operator chose a policy."""
+    from .jobs.batch_share import BatchScheduling
+
+    config = getattr(getattr(engine_client, "vllm_config", None), "scheduler_config", None)
+    policy = str(getattr(config, "policy", "fcfs"))
+    if policy != "priority":
+        logger.warning(
+            "vLLM schedules %s: live requests do not go ahead of harvests and completion jobs "
+            "in the engine (start with --scheduling-policy priority; vllm-acs serve does)",
+            policy,
+        )
+    return BatchScheduling(policy == "priority", live)
 
 
 def _outside_everything(app: FastAPI, wrap: Callable[[Any], Any]) -> None:

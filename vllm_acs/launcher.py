@@ -22,9 +22,12 @@ PLUGIN_NAME = "acs"
 # capture and steering run inside compiled graphs as a custom op (hooks/intervention_op.py).
 # --enable-offline-docs: /docs loads Swagger UI from the files vLLM ships (/static/...), never
 # from a CDN: a node often has no internet.
+# --scheduling-policy priority: live requests go ahead of harvests and completion jobs, which
+# enter the engine with a lower priority (jobs/batch_share.py).
 DEFAULT_SERVE_ARGS: dict[str, list[str]] = {
     "--max-logprobs": ["--max-logprobs", "-1"],
     "--enable-offline-docs": ["--enable-offline-docs"],
+    "--scheduling-policy": ["--scheduling-policy", "priority"],
 }
 
 

@@ -77,3 +77,5 @@ class Replay:
     # Fields of vLLM's own request that go to the engine beside the validated body, which no
     # client may send (a Loom branch asks for `return_token_ids`).
     vllm_fields: Mapping[str, Any] = field(default_factory=dict)
+    # Batch work (a completion job): not counted as live traffic (jobs/batch_share.py).
+    batch: bool = False

@@ -103,6 +103,9 @@ class Settings:
     # `?wait=` reads one node holds at once before it answers `X-Acs-Longpoll: declined`.
     max_jobs_per_key: int = 1000
     job_concurrency: int = 32
+    # Whether this node claims harvests and completion jobs from the queue (false: an
+    # interactive-only node; the deployment's other nodes take the batch work).
+    batch_work: bool = True
     job_lease_ms: int = 30_000
     job_max_attempts: int = 3
     job_long_polls: int = 1024

@@ -198,3 +198,46 @@ def test_a_job_for_a_model_this_node_does_not_serve_stays_queued(tmp_path):
         await storage.close()
 
     asyncio.run(run())
+
+
+def test_a_node_out_of_batch_work_leaves_those_kinds_queued(tmp_path):
+    """`batch_work = false` (the runner's `claim_kinds` without harvest and completion): the
+    node claims none of them; the kinds it still claims run."""
+    ran: list[str] = []
+
+    async def never(job, stop):
+        raise AssertionError("claimed batch work")
+
+    async def branch(job, stop):
+        ran.append(job.id)
+        return JobOutcome(JobStatus.SUCCEEDED, 200, "{}", None)
+
+    async def run():
+        url = f"sqlite+aiosqlite:///{tmp_path / 'acs.sqlite3'}"
+        storage = await open_storage(Settings(database_url=url, home=tmp_path))
+
+        def new(kind: str) -> NewJob:
+            return NewJob(kind=kind, key_id="k", account_id="a", model="tiny", request={})
+
+        batch = await storage.jobs.submit(new("completion"), NOW)
+        other = await storage.jobs.submit(new("loom_branch"), NOW)
+        runner = JobRunner(
+            storage.jobs,
+            {"completion": StandInKind(never), "loom_branch": StandInKind(branch)},
+            lambda: ["tiny"],
+            poll_s=0.05,
+            clock=lambda: NOW,
+            claim_kinds=["loom_branch"],
+        )
+        runner.start()
+
+        async def branch_ran() -> bool:
+            return ran == [other.id]
+
+        await _until(branch_ran)
+        await asyncio.sleep(0.2)
+        await runner.close()
+        assert (await storage.jobs.get(batch.id)).status == JobStatus.QUEUED
+        await storage.close()
+
+    asyncio.run(run())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_acs.launcher import plugin_environment, with_default_args
+from vllm_acs.launcher import parse_serve_args, plugin_environment, with_default_args
 
 
 def test_acs_is_added_to_the_plugin_allowlist():
@@ -16,15 +16,34 @@ def test_acs_is_added_to_the_plugin_allowlist():
     assert env["VLLM_PLUGINS"] == "other,acs"
 
 
+PRIORITY = ["--scheduling-policy", "priority"]
+
+
 def test_defaults_apply_unless_the_operator_gives_the_flag():
     docs = "--enable-offline-docs"
-    assert with_default_args(["m"]) == ["m", "--max-logprobs", "-1", docs]
-    assert with_default_args(["m", "--max-logprobs", "5"]) == ["m", "--max-logprobs", "5", docs]
-    assert with_default_args(["m", "--max-logprobs=5", "--no-enable-offline-docs"]) == [
+    assert with_default_args(["m"]) == ["m", "--max-logprobs", "-1", docs, *PRIORITY]
+    assert with_default_args(["m", "--max-logprobs", "5"]) == [
         "m",
-        "--max-logprobs=5",
-        "--no-enable-offline-docs",
+        "--max-logprobs",
+        "5",
+        docs,
+        *PRIORITY,
     ]
+    given = ["m", "--max-logprobs=5", "--no-enable-offline-docs", "--scheduling-policy=fcfs"]
+    assert with_default_args(given) == given
+
+
+def test_live_requests_first_unless_the_operator_chose_a_policy():
+    """vLLM's priority policy is the default of `vllm-acs serve` (batch work enters the engine
+    at a lower priority); an operator's own policy, in either spelling, is kept."""
+    assert with_default_args(["m"])[-2:] == PRIORITY
+    for given in (["--scheduling-policy", "fcfs"], ["--scheduling-policy=fcfs"]):
+        args = with_default_args(["m", *given])
+        assert "priority" not in args
+        assert args[1 : 1 + len(given)] == given
+    args = parse_serve_args(["m"])
+    assert args.scheduling_policy == "priority"
+    assert parse_serve_args(["m", "--scheduling-policy", "fcfs"]).scheduling_policy == "fcfs"
 
 
 def test_compilation_is_left_to_the_operator():
@@ -37,4 +56,5 @@ def test_compilation_is_left_to_the_operator():
             "--max-logprobs",
             "-1",
             "--enable-offline-docs",
+            *PRIORITY,
         ]

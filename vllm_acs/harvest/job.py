@@ -3,7 +3,8 @@ prompt positions (one generated token, no decode row), the rows read from the wo
 files and written as shards; a resumed run continues after the last complete shard.
 
 API server process (run by the job runner). A bounded number of prompts is in the engine at once,
-so the node's interactive requests keep being served. Each shard is charged to the key's budgets
+fewer while live traffic runs, each with batch work's engine priority (jobs/batch_share.py), so
+the node's interactive requests go first. Each shard is charged to the key's budgets
 (its prompt tokens) when it is written: a run killed mid-shard charges nothing for that shard, and
 its resume, which runs the shard again, charges it once.
 """
@@ -26,6 +27,7 @@ import numpy as np
 from ..activations.payload import AcsPayload
 from ..activations.store import CaptureError, read_capture, release
 from ..errors import AcsError, InternalError, error_body
+from ..jobs.batch_share import BatchScheduling
 from ..principal import Principal
 from ..refusals import refusal
 from ..settings import Settings
@@ -113,8 +115,10 @@ class HarvestJobKind:
         principal_now: Callable[[Principal], Any],
         on_charged: Callable[[UsageRow], None] | None = None,
         jobs: JobRepository | None = None,
+        batch: BatchScheduling | None = None,
     ) -> None:
         self.engine = engine_client
+        self.batch = batch or BatchScheduling(priority_policy=False)
         self.files = files
         self.counters = counters
         self.usage = usage
@@ -170,6 +174,9 @@ class _Run:
         self.prefix = job_prefix(job.id)
         self.timings = _Timings()
         self.in_flight = max(1, kind.settings.harvest_prompts_in_flight)
+        # This run's prompts in the engine: all `in_flight` on a quiet node, fewer beside live
+        # traffic.
+        self.gate = kind.batch.gate(self.in_flight)
 
     async def run(self) -> dict[str, Any] | None:
         self.principal = await self.kind.principal_now(self.request.principal)
@@ -270,11 +277,14 @@ class _Run:
             max_tokens=1, temperature=0.0, detokenize=False, extra_args=payload.to_extra_args()
         )
         root = self.kind.settings.capture_dir
+        priority = self.kind.batch.priority
+        extra = {} if priority is None else {"priority": priority}
         try:
             final = None
             prompt = TokensPrompt(prompt_token_ids=tokens.tolist())
-            async for output in self.kind.engine.generate(prompt, params, capture_id):
-                final = output
+            async with self.gate.slot():
+                async for output in self.kind.engine.generate(prompt, params, capture_id, **extra):
+                    final = output
             if final is None or not final.finished:
                 raise HarvestFailed(InternalError("The engine ended a harvest prompt early."))
             bits = await asyncio.to_thread(

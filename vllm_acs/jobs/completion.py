@@ -4,7 +4,9 @@ API server process. The stored body goes to `POST /v1/completions` of this proce
 in-process, as the job's principal (`jobs/replay.py`): the same validation, admission (a
 running slot, the Hold, the activation quota; no second start, no clamp), engine call, capture
 read, settle and usage row as a live request. The answer's status and body are the job's result.
-A stopped job makes the replay's client disconnect, which aborts the engine request.
+A stopped job makes the replay's client disconnect, which aborts the engine request. Jobs are
+batch work: their replays carry batch work's engine priority and keep to its share beside live
+traffic (jobs/batch_share.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..settings import Settings
 from ..states import JobStatus
 from ..storage.api_keys import KeyRepository
 from ..storage.jobs import Job
+from .batch_share import BatchScheduling
 from .kinds import HandBack, JobOutcome, Stopped
 from .replay import ASGIApp, ReplayAnswer, replay_completion
 
@@ -56,10 +59,18 @@ def job_request(body: dict[str, Any], principal: Principal, workload: str | None
 class CompletionJobKind:
     name = KIND
 
-    def __init__(self, app: ASGIApp, keys: KeyRepository, settings: Settings) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: KeyRepository,
+        settings: Settings,
+        batch: BatchScheduling | None = None,
+    ) -> None:
         self.app = app
         self.keys = keys
         self.settings = settings
+        self.batch = batch or BatchScheduling(priority_policy=False)
+        self.gate = self.batch.gate(settings.job_concurrency)
 
     async def run(self, job: Job, stop: asyncio.Event) -> JobOutcome | HandBack | Stopped:
         request = job.request or {}
@@ -91,11 +102,14 @@ class CompletionJobKind:
     async def _replay(
         self, job: Job, principal: Principal, request: dict[str, Any], stop: asyncio.Event
     ) -> ReplayAnswer:
-        return await replay_completion(
-            self.app,
-            request["body"],
-            principal,
-            job.id,
-            stop,
-            workload=request.get("workload"),
-        )
+        async with self.gate.slot():
+            return await replay_completion(
+                self.app,
+                request["body"],
+                principal,
+                job.id,
+                stop,
+                workload=request.get("workload"),
+                vllm_fields=self.batch.vllm_fields(),
+                batch=True,
+            )

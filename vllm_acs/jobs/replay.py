@@ -47,11 +47,13 @@ async def replay_completion(
     *,
     workload: str | None = None,
     vllm_fields: Mapping[str, Any] | None = None,
+    batch: bool = False,
     on_start: Callable[[int], Awaitable[None]] | None = None,
     on_body: Callable[[bytes], Awaitable[None]] | None = None,
 ) -> ReplayAnswer:
     """`POST /v1/completions` with `body`; `vllm_fields` go to vLLM beside the validated body
-    (fields of vLLM's own that clients may not send, e.g. `return_token_ids`)."""
+    (fields of vLLM's own that clients may not send, e.g. `return_token_ids`, batch work's
+    `priority`); `batch`: batch work, not counted as live traffic."""
     payload = json.dumps(body).encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -75,7 +77,10 @@ async def replay_completion(
         "server": ("127.0.0.1", 0),
         "state": {},
         REPLAY_SCOPE_KEY: Replay(
-            principal=principal, job_id=request_id, vllm_fields=dict(vllm_fields or {})
+            principal=principal,
+            job_id=request_id,
+            vllm_fields=dict(vllm_fields or {}),
+            batch=batch,
         ),
     }
     sent = False

@@ -60,9 +60,13 @@ class JobRunner:
         sweep_every_s: float = 300.0,
         clock: Callable[[], datetime] = utc_now,
         owner: str | None = None,
+        claim_kinds: Collection[str] | None = None,
     ) -> None:
         self.repository = repository
         self.kinds = dict(kinds)
+        # The kinds this process claims from the queue (a node kept out of batch work claims
+        # fewer); it still runs any kind it adopts.
+        self.claim_kinds = list(self.kinds if claim_kinds is None else claim_kinds)
         self.models = models
         self.concurrency = concurrency
         self.lease_s = lease_s
@@ -136,7 +140,7 @@ class JobRunner:
                     self.models(),
                     self.clock(),
                     self.lease_s,
-                    kinds=list(self.kinds),
+                    kinds=self.claim_kinds,
                     limit=min(free, CLAIM_BATCH),
                 )
             except Exception:

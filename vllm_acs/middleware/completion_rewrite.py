@@ -3,13 +3,15 @@
 API server process, the innermost stage in front of vLLM. The short model id becomes the
 checkpoint and `max_tokens` is the admitted value. Every answer of the route carries
 `X-Acs-Upstream-Model` / `-Gpu`, and `X-Acs-Max-Tokens-Clamped` when max_tokens was lowered.
+A live completion (not batch work's replay) is counted in `live` while vLLM runs it, so batch work
+keeps to its share beside it (jobs/batch_share.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from ..principal import REPLAY_SCOPE_KEY, Replay
@@ -47,9 +49,16 @@ def completion_headers(validated: ValidatedCompletion) -> list[tuple[bytes, byte
     return headers
 
 
+class LiveCounter(Protocol):
+    def started(self) -> None: ...
+
+    def ended(self) -> None: ...
+
+
 class CompletionRewriteMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, live: LiveCounter | None = None) -> None:
         self.app = app
+        self.live = live
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         validated = scope.get("state", {}).get(VALIDATED_COMPLETION_KEY)
@@ -69,4 +78,12 @@ class CompletionRewriteMiddleware:
                 message = {**message, "headers": kept + extra}
             await send(message)
 
-        await self.app(scope, replay_body(body, receive), send_with_headers)
+        live = self.live if not (isinstance(replay, Replay) and replay.batch) else None
+        if live is None:
+            await self.app(scope, replay_body(body, receive), send_with_headers)
+            return
+        live.started()
+        try:
+            await self.app(scope, replay_body(body, receive), send_with_headers)
+        finally:
+            live.ended()
