@@ -172,7 +172,7 @@ export function mount(main, context) {
         fields.map((f) => f.row),
         submit,
       ),
-      el("p", { class: "hint" }, "An empty budget is the signed-in key's own, and none may be above it; the account's total still applies."),
+      el("p", { class: "hint" }, "Left empty, a budget is the signed-in key's own. No budget may be above it, and the account's total still applies."),
       result,
     );
     form.addEventListener("submit", async (event) => {
