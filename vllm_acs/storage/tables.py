@@ -139,10 +139,15 @@ jobs = Table(
     Column("result_status", Integer, nullable=True),
     Column("result_body", Text, nullable=True),
     Column("error_code", String(64), nullable=True),
+    # A part's job names the job it is part of (a harvest's parts, migration 0009), and keeps its
+    # progress while it runs (JSON: shards, prompts and rows done).
+    Column("parent_id", String(40), nullable=True),
+    Column("progress", Text, nullable=True),
     Index("ix_jobs_claim", "status", "model", "created_at"),
     Index("ix_jobs_key_status", "key_id", "status"),
     # The retention sweep finds ended jobs by when they ended.
     Index("ix_jobs_finished_at", "finished_at"),
+    Index("ix_jobs_parent", "parent_id"),
 )
 
 # One record per (API key, Idempotency-Key): the first answer, replayed for a retry (0003).
