@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_acs.auth.key_auth import KeyAuthPlugin
 from vllm_acs.contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
-from vllm_acs.key_auth import KeyAuthPlugin
 from vllm_acs.middleware.admission import AdmissionMiddleware
 from vllm_acs.middleware.auth import AuthMiddleware
 from vllm_acs.plugins import build_plugin_manager

@@ -344,7 +344,7 @@ class AcsEndpointPlugin:
             self.storage.ledger.on_written(row)
 
     async def init_state(self, engine_client: Any, state: State, args: Namespace) -> None:
-        from .key_auth import KeyAuthPlugin
+        from .auth.key_auth import KeyAuthPlugin
         from .plugins import notify_usage_recorded
         from .routes.models.service import served_model_from_engine, tokenizer_of
         from .settings import Settings

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
-from .principal import Principal
+from .auth.principal import Principal
 
 if TYPE_CHECKING:
     from .storage.usage import UsageRow

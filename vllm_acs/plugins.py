@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import pluggy
 
 from . import hookspecs
-from .principal import Principal
+from .auth.principal import Principal
 
 logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "vllm_acs"

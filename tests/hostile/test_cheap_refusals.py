@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from tests.harness import MODEL_ID
+from vllm_acs.auth.key_auth import KeyAuthPlugin
 from vllm_acs.errors import Unauthorized
-from vllm_acs.key_auth import KeyAuthPlugin
 from vllm_acs.settings import Settings
 from vllm_acs.storage import api_keys as api_keys_module
 from vllm_acs.storage import open_storage
@@ -232,7 +232,7 @@ def test_a_job_submit_past_the_keys_capacity_is_refused_before_its_body_is_read(
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from vllm_acs.principal import PRINCIPAL_STATE_KEY, KeyLimits, Principal
+    from vllm_acs.auth.principal import PRINCIPAL_STATE_KEY, KeyLimits, Principal
     from vllm_acs.routes.jobs.api_router import build_router
     from vllm_acs.routes.jobs.service import JobService
     from vllm_acs.served_model import NodeModels

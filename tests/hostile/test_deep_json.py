@@ -9,9 +9,9 @@ import uuid
 import httpx
 import pytest
 
+from vllm_acs.auth.principal import SCOPES
 from vllm_acs.contract.bounded_json import MAX_DEPTH, loads_bounded, nesting_depth
 from vllm_acs.errors import BadJson
-from vllm_acs.principal import SCOPES
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from vllm_acs.principal import KeyLimits, Principal
+from vllm_acs.auth.principal import KeyLimits, Principal
 from vllm_acs.settings import Settings
 from vllm_acs.storage import Storage
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.services import REDIS_URL
 from tests.storage.helpers import approved_key, principal, settings_for
-from vllm_acs.principal import Principal
+from vllm_acs.auth.principal import Principal
 from vllm_acs.storage import Storage, open_storage
 from vllm_acs.storage.counters import AdmitRequest, Ticket
 from vllm_acs.storage.errors import BudgetExhausted, StorageError

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.storage.helpers import settings_for
+from vllm_acs.auth.key_auth import KeyAuthPlugin
 from vllm_acs.errors import AcsError
-from vllm_acs.key_auth import KeyAuthPlugin
 from vllm_acs.storage import open_storage
 from vllm_acs.storage.api_key_secret import looks_like_secret
 from vllm_acs.storage.migrate import head_revision

@@ -21,7 +21,7 @@ from vllm_acs.account.key_manager import (
     OperatorPaused,
     TooManyKeys,
 )
-from vllm_acs.principal import KEY_LIMIT_FIELDS, Principal
+from vllm_acs.auth.principal import KEY_LIMIT_FIELDS, Principal
 from vllm_acs.storage import Storage, open_storage
 from vllm_acs.storage.errors import PausedByOperator
 from vllm_acs.storage.key_events import OPERATOR

@@ -18,8 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from vllm_acs.auth.key_auth import KeyAuthPlugin
+from vllm_acs.auth.principal import PRINCIPAL_STATE_KEY
 from vllm_acs.contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
-from vllm_acs.key_auth import KeyAuthPlugin
 from vllm_acs.middleware.admission import AdmissionMiddleware
 from vllm_acs.middleware.asgi import (
     ASGIApp,
@@ -34,7 +35,6 @@ from vllm_acs.middleware.auth import AuthMiddleware
 from vllm_acs.middleware.request_id import RequestIdMiddleware
 from vllm_acs.middleware.strict_validation import may_clamp_to_budget
 from vllm_acs.plugins import build_plugin_manager
-from vllm_acs.principal import PRINCIPAL_STATE_KEY
 from vllm_acs.served_model import ServedModel
 from vllm_acs.storage import Storage
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from vllm_acs.key_auth import KeyAuthPlugin
+from vllm_acs.auth.key_auth import KeyAuthPlugin
 from vllm_acs.middleware.admission import AdmissionMiddleware
 from vllm_acs.middleware.auth import AuthMiddleware
 from vllm_acs.middleware.body_limit import BodyLimitMiddleware

@@ -303,7 +303,7 @@ def test_client_leaving_the_queue_frees_its_place(tmp_path: Path):
 
 
 def test_the_activation_quota_refusal_is_its_own_code_and_not_retryable():
-    from vllm_acs.refusals import refusal
+    from vllm_acs.auth.refusals import refusal
     from vllm_acs.storage.errors import BudgetExhausted
     from vllm_acs.storage.periods import ACTIVATION_QUOTA
 

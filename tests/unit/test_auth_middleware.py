@@ -82,7 +82,7 @@ def test_the_principal_carries_the_keys_limits_with_defaults(tmp_path: Path):
         try:
             account = await storage.accounts.create("erin", approved=True, monthly_tokens=900)
             key, secret = await storage.keys.create(account.id, daily_tokens=50, max_waiting=2)
-            from vllm_acs.key_auth import KeyAuthPlugin
+            from vllm_acs.auth.key_auth import KeyAuthPlugin
 
             plugin = KeyAuthPlugin(storage.keys, storage.settings)
             principal = await plugin.acs_authenticate({"authorization": f"bearer {secret}"})

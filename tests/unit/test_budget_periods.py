@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vllm_acs.principal import KeyLimits, Principal
+from vllm_acs.auth.principal import KeyLimits, Principal
 from vllm_acs.settings import Settings, SettingsError
 from vllm_acs.storage import check_counters_backend
 from vllm_acs.storage.periods import (

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_acs.principal import KeyLimits, Principal
+from vllm_acs.auth.principal import KeyLimits, Principal
 from vllm_acs.routes.harvest import service as service_module
 from vllm_acs.routes.harvest.service import HarvestService
 from vllm_acs.served_model import NodeModels

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from vllm_acs.auth.principal import PRINCIPAL_STATE_KEY, Principal
 from vllm_acs.middleware import idempotency
 from vllm_acs.middleware.idempotency import IdempotencyMiddleware, fingerprint
-from vllm_acs.principal import PRINCIPAL_STATE_KEY, Principal
 from vllm_acs.settings import Settings
 from vllm_acs.storage import open_storage
 

@@ -13,12 +13,15 @@ LEAVES = {
     "vllm_acs.settings",
     "vllm_acs.states",
     "vllm_acs.served_model",
-    "vllm_acs.principal",
+    "vllm_acs.auth.principal",
     "vllm_acs.metrics",
     "vllm_acs.private_paths",
 }
-# The pluggy extension points and the built-in key plugin run in the API server, framework-free.
-PLUGIN_MODULES = {"vllm_acs.hookspecs", "vllm_acs.plugins", "vllm_acs.key_auth"}
+# The pluggy extension points run in the API server, framework-free.
+PLUGIN_MODULES = {"vllm_acs.hookspecs", "vllm_acs.plugins"}
+
+
+HARVEST_FILES = "vllm_acs.client.harvest_files"
 
 
 def _module_name(path: Path) -> str:
@@ -115,26 +118,38 @@ def _violations(path: Path) -> list[str]:
         # The deployment's registry: storage and the leaves; no web layer.
         forbid_third_party("fastapi", "starlette", "torch", "vllm")
         forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks")
+    if _in(module, "vllm_acs.auth"):
+        # Access: the principal (a leaf), the built-in key plugin, the local key, the refusals;
+        # leaves, storage and the plugin hooks; no web layer (the package's __init__ imports
+        # nothing, so storage can import the principal leaf).
+        forbid_third_party("fastapi", "starlette", "torch", "vllm")
+        forbid_project(
+            "vllm_acs.middleware",
+            "vllm_acs.routes",
+            "vllm_acs.hooks",
+            "vllm_acs.cli",
+            "vllm_acs.account",
+        )
     if _in(module, "vllm_acs.account"):
         # An account's keys and usage: shared by the CLI and the routes; no web layer.
         forbid_third_party("fastapi", "starlette", "torch", "vllm")
         forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks", "vllm_acs.cli")
     if _in(module, "vllm_acs.routes"):
         forbid_project("vllm_acs.middleware", "vllm_acs.hooks")
-    if _in(module, "vllm_acs.activations") or module == "vllm_acs.client":
+    is_client_codec = _in(module, "vllm_acs.client") and module != HARVEST_FILES
+    if _in(module, "vllm_acs.activations") or is_client_codec:
         # Shared by the API server, the workers and users: numpy and the standard library, and
-        # of the project only the leaves and activations itself (the client also its lazily
-        # loaded harvest helpers).
+        # of the project only the leaves and activations itself (the client also its own
+        # modules: the codec helpers, and the harvest helpers, loaded lazily).
         forbid_third_party("fastapi", "starlette", "sqlalchemy", "redis", "vllm", "torch")
-        allowed = {"vllm_acs.harvest_files"} if module == "vllm_acs.client" else set()
         found.extend(
             f"{module} imports {n}"
             for n in inside
             if not _in(n, "vllm_acs.activations")
             and not any(_in(n, leaf) for leaf in LEAVES)
-            and n not in allowed
+            and not (is_client_codec and _in(n, "vllm_acs.client"))
         )
-    if module == "vllm_acs.harvest_files":
+    if module == HARVEST_FILES:
         # The user's side of a harvest: httpx, safetensors, torch; nothing of the server.
         forbid_third_party("fastapi", "starlette", "sqlalchemy", "redis", "vllm")
         found.extend(f"{module} imports {n}" for n in inside)
@@ -168,12 +183,12 @@ def test_module_follows_the_import_rules(path: Path):
             ],
         ),
         (
-            # storage may import only the leaves (principal is one; key_auth is not)
+            # storage may import only the leaves (auth.principal is one; auth.key_auth is not)
             "storage",
-            "from ..principal import Principal\nfrom ..key_auth import KeyAuthPlugin\n",
+            "from ..auth.principal import Principal\nfrom ..auth.key_auth import KeyAuthPlugin\n",
             [
-                "vllm_acs.storage.bad imports vllm_acs.key_auth",
-                "vllm_acs.storage.bad imports vllm_acs.key_auth.KeyAuthPlugin",
+                "vllm_acs.storage.bad imports vllm_acs.auth.key_auth",
+                "vllm_acs.storage.bad imports vllm_acs.auth.key_auth.KeyAuthPlugin",
             ],
         ),
     ],

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_acs.local_key import LocalKeyRefused, banner, ensure_local_key, key_file
+from vllm_acs.auth.local_key import LocalKeyRefused, banner, ensure_local_key, key_file
 from vllm_acs.settings import Settings
 from vllm_acs.storage import open_storage
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 
 from tests.unit.access_stack import EngineControl, access_stack
+from vllm_acs.auth.principal import Principal
 from vllm_acs.hookspecs import hookimpl
 from vllm_acs.plugins import authenticate, build_plugin_manager, notify_usage_recorded
-from vllm_acs.principal import Principal
 from vllm_acs.settings import Settings
 from vllm_acs.storage import open_storage
 from vllm_acs.storage.usage import UsageRow
@@ -104,7 +104,7 @@ def test_operator_plugins_are_found_through_the_vllm_acs_entry_point_group(
     # A minimal installed distribution, as `pip install` leaves it, declaring one plugin.
     (tmp_path / "acs_demo_plugin.py").write_text(
         "from vllm_acs.hookspecs import hookimpl\n"
-        "from vllm_acs.principal import Principal\n\n\n"
+        "from vllm_acs.auth.principal import Principal\n\n\n"
         "@hookimpl\n"
         "def acs_authenticate(headers):\n"
         "    if headers.get('x-demo') == 'yes':\n"

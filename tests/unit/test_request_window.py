@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from starlette.middleware.gzip import GZipMiddleware
 
+from vllm_acs.auth.principal import REPLAY_SCOPE_KEY
 from vllm_acs.contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from vllm_acs.errors import REQUEST_ID_STATE_KEY, UpstreamDeadline
 from vllm_acs.middleware.error_envelope import ErrorEnvelopeMiddleware
 from vllm_acs.middleware.request_window import WINDOW_ENDED_STATE_KEY, RequestWindowMiddleware
-from vllm_acs.principal import REPLAY_SCOPE_KEY
 from vllm_acs.served_model import ServedModel
 from vllm_acs.settings import Settings, SettingsError
 
@@ -392,7 +392,7 @@ def test_the_settings_and_their_defaults():
 def test_the_window_settles_the_hold_in_the_real_admission(tmp_path: Path):
     """Real time, a fifth of a second: the row is a 504 that costs nothing, the slot is free."""
     from tests.unit.access_stack import FakeValidation
-    from vllm_acs.key_auth import KeyAuthPlugin
+    from vllm_acs.auth.key_auth import KeyAuthPlugin
     from vllm_acs.middleware.admission import AdmissionMiddleware
     from vllm_acs.middleware.auth import AuthMiddleware
     from vllm_acs.plugins import build_plugin_manager

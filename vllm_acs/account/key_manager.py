@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..principal import DEFAULT_SCOPES, KEY_LIMIT_FIELDS, SCOPES, Principal
+from ..auth.principal import DEFAULT_SCOPES, KEY_LIMIT_FIELDS, SCOPES, Principal
 from ..storage.accounts import Account, AccountRepository
 from ..storage.api_keys import ApiKey, KeyRepository
 from ..storage.errors import ConflictError, KeyCapacityReached, NotFoundError, PausedByOperator

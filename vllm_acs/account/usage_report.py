@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ..principal import Principal
+from ..auth.principal import Principal
 from ..storage.counters import Counters
 from ..storage.periods import (
     ACTIVATION_QUOTA,

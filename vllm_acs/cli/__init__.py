@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory")
     tiny.set_defaults(handler=_tiny_model)
 
-    from ..local_key import add_local_key_command
+    from ..auth.local_key import add_local_key_command
     from .accounts import add_account_commands
     from .common import command
     from .db import add_db_commands

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..principal import KEY_LIMIT_FIELDS, SCOPES
+from ..auth.principal import KEY_LIMIT_FIELDS, SCOPES
 from .common import UNSET, Register, limit, out, positive, table
 
 # Every key limit (KEY_LIMIT_FIELDS) is a flag of `keys create` / `keys set`, named like the

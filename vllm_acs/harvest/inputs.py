@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..principal import Principal
+from ..auth.principal import Principal
 from ..storage.files import FileStore
 
 Tokenize = Callable[[str, bool], list[int]]

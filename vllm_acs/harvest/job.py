@@ -26,10 +26,10 @@ import numpy as np
 
 from ..activations.payload import AcsPayload
 from ..activations.store import CaptureError, read_capture, release
+from ..auth.principal import Principal
+from ..auth.refusals import refusal
 from ..errors import AcsError, InternalError, error_body
 from ..jobs.batch_share import BatchScheduling
-from ..principal import Principal
-from ..refusals import refusal
 from ..settings import Settings
 from ..states import JobStatus
 from ..storage.counters import AdmitRequest, Counters, Ticket

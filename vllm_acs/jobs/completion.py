@@ -16,9 +16,9 @@ import dataclasses
 import json
 from typing import Any
 
+from ..auth.key_auth import checked_principal
+from ..auth.principal import KeyLimits, Principal
 from ..errors import AcsError, Unauthorized, error_body
-from ..key_auth import checked_principal
-from ..principal import KeyLimits, Principal
 from ..settings import Settings
 from ..states import JobStatus
 from ..storage.api_keys import KeyRepository

@@ -15,8 +15,8 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
+from ..auth.principal import REPLAY_SCOPE_KEY, Principal, Replay
 from ..errors import ERROR_CODE_STATE_KEY
-from ..principal import REPLAY_SCOPE_KEY, Principal, Replay
 
 ASGIApp = Callable[[MutableMapping[str, Any], Any, Any], Awaitable[None]]
 COMPLETIONS_PATH = "/v1/completions"

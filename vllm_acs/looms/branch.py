@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
+from ..auth.principal import Principal
 from ..errors import AcsError, InternalError, LoomNodeLimit, error_body
 from ..jobs.completion import QUEUE_FULL_RETRY_S, principal_from_json
 from ..jobs.kinds import HandBack, JobOutcome, Stopped
 from ..jobs.replay import ASGIApp, replay_completion
-from ..principal import Principal
 from ..settings import Settings
 from ..states import JobStatus
 from ..storage.errors import LoomLimitReached

@@ -14,11 +14,11 @@ import logging
 import time
 from datetime import datetime, timezone
 
+from ..auth.principal import PRINCIPAL_STATE_KEY, REPLAY_SCOPE_KEY, Principal, Replay
+from ..auth.refusals import refusal
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from ..errors import AcsError, CountersUnavailable, SpendCap
 from ..metrics import ADMISSIONS, TOKENS_SETTLED, SlotGauges
-from ..principal import PRINCIPAL_STATE_KEY, REPLAY_SCOPE_KEY, Principal, Replay
-from ..refusals import refusal
 from ..storage.counters import AdmitRequest, Counters, Ticket, activation_units
 from ..storage.errors import BudgetExhausted, LeaseLost, QueueFull, StartsExhausted
 from ..storage.ledger import UsageLedger

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 
 import pluggy
 
+from ..auth.principal import PRINCIPAL_STATE_KEY, REPLAY_SCOPE_KEY, Replay
 from ..errors import AcsError, ScopeDenied, Unauthorized
 from ..plugins import authenticate
-from ..principal import PRINCIPAL_STATE_KEY, REPLAY_SCOPE_KEY, Replay
 from .asgi import ASGIApp, Receive, Scope, Send, send_error
 
 logger = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from ..auth.principal import REPLAY_SCOPE_KEY, Replay
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
-from ..principal import REPLAY_SCOPE_KEY, Replay
 from .asgi import ASGIApp, Message, Receive, Scope, Send, replay_body, with_header
 
 

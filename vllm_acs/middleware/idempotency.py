@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
+from ..auth.key_auth import bearer_token
+from ..auth.principal import PRINCIPAL_STATE_KEY, Principal
 from ..contract.routes import template_pattern
 from ..errors import (
     AcsError,
@@ -26,8 +28,6 @@ from ..errors import (
     IdempotencyRunning,
     InvalidRequest,
 )
-from ..key_auth import bearer_token
-from ..principal import PRINCIPAL_STATE_KEY, Principal
 from ..storage.idempotency import (
     IDEMPOTENCY_STATE_KEY,
     Existing,

@@ -17,9 +17,9 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..auth.principal import REPLAY_SCOPE_KEY
 from ..contract.validated import VALIDATED_COMPLETION_KEY, ValidatedCompletion
 from ..errors import AcsError, InternalError, UpstreamDeadline, error_body
-from ..principal import REPLAY_SCOPE_KEY
 from .asgi import (
     ASGIApp,
     Message,

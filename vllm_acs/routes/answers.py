@@ -11,8 +11,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ..auth.principal import PRINCIPAL_STATE_KEY, Principal
 from ..errors import AcsError, InternalError
-from ..principal import PRINCIPAL_STATE_KEY, Principal
 from .error_response import error_response
 
 

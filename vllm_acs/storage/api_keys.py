@@ -19,7 +19,7 @@ from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ..principal import DEFAULT_SCOPES, KEY_LIMIT_FIELDS, SCOPES
+from ..auth.principal import DEFAULT_SCOPES, KEY_LIMIT_FIELDS, SCOPES
 from .api_key_secret import hash_secret, new_secret, visible_prefix
 from .errors import ConflictError, KeyCapacityReached, NotFoundError, PausedByOperator
 from .key_events import OPERATOR, KeyEvent, record_event

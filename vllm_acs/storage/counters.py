@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..principal import Principal
+from ..auth.principal import Principal
 from .periods import BudgetKind, BudgetLine, budget_lines, reservation
 
 # Reads the settled tokens of counters (full names, with period) from the database.

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from ..principal import Principal
+from ..auth.principal import Principal
 from .counters import (
     AdmitRequest,
     Counters,

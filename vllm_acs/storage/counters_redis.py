@@ -19,8 +19,8 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from ..auth.principal import Principal
 from ..metrics import LEASES_LOST
-from ..principal import Principal
 from .counters import (
     AdmitRequest,
     Counters,

@@ -27,6 +27,8 @@ class NewJob:
     request: dict[str, Any]
     max_attempts: int = 3
     id: str = field(default_factory=new_job_id)
+    # The job this one is a part of (a harvest's part names its harvest).
+    parent_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class Job:
     result_status: int | None
     result_body: str | None
     error_code: str | None
+    parent_id: str | None = None
+    # What a running part has done so far (its kind's JSON), written after each of its steps.
+    progress: dict[str, Any] | None = None
 
     @property
     def ended(self) -> bool:
@@ -86,6 +91,8 @@ def job_from_row(row: Any) -> Job:
         result_status=row.result_status,
         result_body=row.result_body,
         error_code=row.error_code,
+        parent_id=getattr(row, "parent_id", None),
+        progress=None if getattr(row, "progress", None) is None else json.loads(row.progress),
     )
 
 
@@ -111,4 +118,6 @@ def insert_values(job: NewJob, now: datetime) -> dict[str, Any]:
         "result_status": None,
         "result_body": None,
         "error_code": None,
+        "parent_id": job.parent_id,
+        "progress": None,
     }

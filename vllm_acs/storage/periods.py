@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
 
-from ..principal import Principal
+from ..auth.principal import Principal
 
 # "requests" counts activation requests, one unit each, not tokens.
 BudgetKind = Literal["total", "input", "output", "requests"]

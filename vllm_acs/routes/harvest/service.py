@@ -16,6 +16,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from ...auth.principal import Principal
+from ...auth.refusals import refusal
 from ...contract.bounded_json import loads_bounded
 from ...contract.harvest_request import MAX_HARVEST_TOKENS, HarvestBody, parse_harvest_body
 from ...errors import (
@@ -35,8 +37,6 @@ from ...harvest.inputs import HarvestRequest, PreparedPrompts, prepare_prompts, 
 from ...harvest.job import FILES_KEPT, KIND, MANIFEST, STATS, job_prefix
 from ...harvest.layers import LayerChoiceError, resolve_layers
 from ...harvest.manifest import Manifest
-from ...principal import Principal
-from ...refusals import refusal
 from ...served_model import NodeModels, ServedModel
 from ...settings import Settings
 from ...states import JobStatus

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from ...auth.principal import Principal
+from ...auth.refusals import refusal
 from ...contract.body_validation import validate_body
 from ...errors import (
     AcsError,
@@ -25,8 +27,6 @@ from ...errors import (
 )
 from ...jobs.completion import KIND, job_request
 from ...jobs.runner import JobRunner
-from ...principal import Principal
-from ...refusals import refusal
 from ...served_model import NodeModels
 from ...settings import Settings
 from ...states import JobStatus

@@ -22,10 +22,10 @@ from ...account.key_manager import (
     ScopeEscalation,
     TooManyKeys,
 )
+from ...auth.principal import Principal
 from ...contract.completion_request import parse_body
 from ...errors import InvalidRequest, KeyCapacity, KeyNotChangeable, ScopeDenied
 from ...errors import KeyNotFound as KeyNotFoundError
-from ...principal import Principal
 from ...storage import Storage
 from ...storage.api_keys import ApiKey
 from ...storage.periods import month_of

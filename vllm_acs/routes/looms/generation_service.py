@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from ...auth.principal import Principal
+from ...auth.refusals import refusal
 from ...contract.body_validation import validate_body
 from ...contract.completion_request import SEED_MAX, parse_body
 from ...contract.loom_requests import BRANCH_FIELDS, LoomBranchBody, NodeScoreBody
@@ -29,8 +31,6 @@ from ...looms.generations import BranchSpec
 from ...looms.progress import BranchProgress, Event
 from ...looms.scores import path_token_ids, score_plan
 from ...looms.tree import node_of, path_text, require_ready
-from ...principal import Principal
-from ...refusals import refusal
 from ...served_model import NodeModels
 from ...settings import Settings
 from ...storage import Storage

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
+from ...auth.principal import Principal
 from ...contract.bounded_json import loads_bounded
 from ...contract.completion_request import parse_body
 from ...contract.loom_requests import (
@@ -32,7 +33,6 @@ from ...looms.import_file import nodes_from_file
 from ...looms.import_json import import_depth_limit, loads_import
 from ...looms.limits import loom_limit_error
 from ...looms.views import loom_summary, loom_view, node_view, nodes_view
-from ...principal import Principal
 from ...settings import Settings
 from ...storage import Storage
 from ...storage.errors import LoomLimitReached

@@ -1,4 +1,4 @@
-"""Client helpers for users of the API: encode steering vectors, decode captured activations.
+"""Steering vectors in, captured activations out: the codec as users call it.
 
 Runs in the user's process; a thin wrapper over vllm_acs.activations.codec (numpy + zstandard).
 """
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .activations.codec import decode_array, decode_bits, encode_array
+from ..activations.codec import decode_array, decode_bits, encode_array
 
 __all__ = ["decode_residual_stream", "encode_vector"]
 
@@ -57,16 +57,3 @@ def _residual_stream_dict(response: Any) -> Mapping[str, Any]:
     if not isinstance(activations, Mapping) or "residual_stream" not in activations:
         raise KeyError("the response has no activations.residual_stream")
     return activations["residual_stream"]
-
-
-_HARVEST_HELPERS = {"download_harvest", "open_harvest", "HarvestFiles", "HarvestNotReady"}
-
-
-def __getattr__(name: str) -> Any:
-    """The harvest helpers (harvest_files.py) need httpx, safetensors and torch: they load when
-    first asked for, so the codec above stays numpy-only."""
-    if name in _HARVEST_HELPERS:
-        from . import harvest_files
-
-        return getattr(harvest_files, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,9 +5,9 @@ API server process: Admission answers live requests with it, a harvest fails its
 
 from __future__ import annotations
 
-from .errors import AcsError, ActivationQuotaExceeded, BudgetExceeded, TrafficLimited
-from .storage.errors import BudgetExhausted, QueueFull, StartsExhausted
-from .storage.periods import ACTIVATION_QUOTA, BUDGET_MESSAGES, BUDGET_NAMES
+from ..errors import AcsError, ActivationQuotaExceeded, BudgetExceeded, TrafficLimited
+from ..storage.errors import BudgetExhausted, QueueFull, StartsExhausted
+from ..storage.periods import ACTIVATION_QUOTA, BUDGET_MESSAGES, BUDGET_NAMES
 
 
 def refusal(error: Exception) -> AcsError:

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .private_paths import make_private_folder
-from .settings import Settings
-from .storage.api_key_secret import looks_like_secret, secret_matches, visible_prefix
+from ..private_paths import make_private_folder
+from ..settings import Settings
+from ..storage.api_key_secret import looks_like_secret, secret_matches, visible_prefix
 
 ACCOUNT_NAME = "local"
 KEY_NAME = "local"
@@ -53,14 +53,14 @@ async def ensure_local_key(settings: Settings, storage: Any) -> tuple[str, bool]
                 "to make a new one"
             )
         return secret, False
-    from .storage.errors import NotFoundError
+    from ..storage.errors import NotFoundError
 
     try:
         account = await storage.accounts.get(ACCOUNT_NAME)
     except NotFoundError:
         account = await storage.accounts.create(ACCOUNT_NAME, approved=True)
+    from ..storage.key_events import OPERATOR, KeyEvent
     from .principal import DEFAULT_SCOPES
-    from .storage.key_events import OPERATOR, KeyEvent
 
     # Made on the operator's own machine by the operator's command: audited as the operator's.
     scopes = sorted(DEFAULT_SCOPES)
@@ -124,7 +124,7 @@ def _command(args: argparse.Namespace) -> int:
 
 
 async def _with_storage(settings: Settings) -> tuple[str, bool]:
-    from .storage import open_storage
+    from ..storage import open_storage
 
     # The embedded SQLite of a first run has no schema yet: make it.
     storage = await open_storage(settings, upgrade_schema=True)

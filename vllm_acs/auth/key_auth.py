@@ -13,13 +13,13 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from .errors import Unauthorized
-from .hookspecs import hookimpl
+from ..errors import Unauthorized
+from ..hookspecs import hookimpl
+from ..settings import Settings
+from ..storage.api_key_secret import looks_like_secret, secret_matches, visible_prefix
+from ..storage.api_keys import KeyRepository, KeyWithAccount
+from ..unknown_keys import RefusalLog, UnknownPrefixes
 from .principal import KeyLimits, Principal
-from .settings import Settings
-from .storage.api_key_secret import looks_like_secret, secret_matches, visible_prefix
-from .storage.api_keys import KeyRepository, KeyWithAccount
-from .unknown_keys import RefusalLog, UnknownPrefixes
 
 logger = logging.getLogger(__name__)
 
