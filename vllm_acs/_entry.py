@@ -77,6 +77,10 @@ class AcsEndpointPlugin:
         self.looms: LoomService | None = None
         self.generations: GenerationService | None = None
         self.keys: KeyService | None = None
+        # Apply for access and the operator's console (issue 34).
+        self.applications: Any = None
+        self.admin: Any = None
+        self.admin_reports: Any = None
         self.runner: JobRunner | None = None
         self.registry: Any = None
         self.forwarding_client: Any = None
@@ -107,6 +111,16 @@ class AcsEndpointPlugin:
         from .middleware.strict_validation import StrictValidationMiddleware
         from .middleware.usage_chunk import UsageChunkMiddleware
         from .plugins import build_plugin_manager
+        from .routes.admin.api_router import build_router as build_admin_router
+        from .routes.admin.reports import AdminReports
+        from .routes.admin.service import AdminService
+        from .routes.applications.api_router import build_router as build_applications_router
+        from .routes.applications.protocol import APPLICATION_BODY_LIMIT_BYTES
+        from .routes.applications.service import (
+            APPLICATIONS_PATH,
+            OPEN_PATHS,
+            ApplicationService,
+        )
         from .routes.docs_page import build_router as build_docs_router
         from .routes.harvest.api_router import build_router as build_harvest_router
         from .routes.harvest.service import HARVEST_PATH, HarvestService
@@ -143,6 +157,11 @@ class AcsEndpointPlugin:
         self.keys = KeyService(utc_now, settings.max_keys_per_account)
         app.include_router(build_keys_router(self.keys))
         app.include_router(build_usage_router(lambda: self.storage, utc_now))
+        self.applications = ApplicationService(settings, utc_now)
+        app.include_router(build_applications_router(self.applications))
+        self.admin = AdminService(utc_now)
+        self.admin_reports = AdminReports(utc_now, settings.registry_node_ttl_ms / 1000)
+        app.include_router(build_admin_router(self.admin, self.admin_reports))
         app.include_router(build_docs_router("vllm_acs"))
         app.include_router(build_workbench_router(settings.feedback_url))
         document = build_openapi(settings, __version__)
@@ -167,13 +186,14 @@ class AcsEndpointPlugin:
         app.add_middleware(DeferredMiddleware, build=self._idempotency)
         # Inside Auth: no body is read (to find its model) before the key is checked.
         app.add_middleware(DeferredMiddleware, build=self._forwarding)
-        app.add_middleware(AuthMiddleware, plugin_manager=self.plugins)
+        app.add_middleware(AuthMiddleware, plugin_manager=self.plugins, open_paths=OPEN_PATHS)
         app.add_middleware(
             BodyLimitMiddleware,
             limit_bytes=settings.body_limit_bytes,
             route_limits={
                 HARVEST_PATH: HARVEST_BODY_LIMIT_BYTES,
                 IMPORT_PATH: settings.loom_import_max_bytes,
+                APPLICATIONS_PATH: APPLICATION_BODY_LIMIT_BYTES,
             },
         )
         app.add_middleware(ErrorEnvelopeMiddleware)
@@ -219,8 +239,12 @@ class AcsEndpointPlugin:
         )
 
     async def _start_registry(self, settings: Settings, args: Namespace) -> None:
+        import vllm
+
+        from . import __version__
         from .deployment.registry import NodeRegistry
         from .jobs.runner import new_owner, utc_now
+        from .storage.registry import NodeVersions
 
         assert self.storage is not None
         host = getattr(args, "host", None)
@@ -236,6 +260,7 @@ class AcsEndpointPlugin:
             ttl_s=settings.registry_node_ttl_ms / 1000,
             clock=utc_now,
             default_model=settings.default_model,
+            versions=NodeVersions(__version__, getattr(vllm, "__version__", None)),
         )
         await self.registry.start()
 
@@ -257,6 +282,18 @@ class AcsEndpointPlugin:
         # A created key's secret is stored sealed by the caller's own secret, never readable.
         seals = {KEYS_PATH: (seal_created_key, unseal_created_key)}
         return IdempotencyMiddleware(inner, self.storage.idempotency, routes, seals=seals)
+
+    def _bind_console(self) -> None:
+        """Apply for access and the console share the key manager of /v1/keys."""
+        from .account.account_manager import AccountManager
+
+        assert self.storage is not None and self.keys is not None
+        assert self.keys.manager is not None
+        storage = self.storage
+        self.applications.bind(storage, self.keys.manager)
+        accounts = AccountManager(storage.accounts, storage.keys, storage.key_events, storage.usage)
+        self.admin.bind(self.applications.applications, accounts, self.keys.manager)
+        self.admin_reports.bind(storage)
 
     def _start_jobs(self, settings: Settings) -> None:
         from .harvest.download_urls import UrlSigner, load_or_create_secret
@@ -300,6 +337,7 @@ class AcsEndpointPlugin:
         self.looms.bind(self.storage)
         assert self.keys is not None
         self.keys.bind(self.storage)
+        self._bind_console()
         self.generations.bind(self.storage, self.runner, self.app)
         self.runner.start()
 

@@ -504,3 +504,67 @@ class KeyCapacity(AcsError):
     type = "rate_limit_error"
     code = "key_capacity"
     never_retry = True
+
+
+class AccountNotFound(NotFound):
+    """An account id or name the console does not know."""
+
+    code = "account_not_found"
+
+
+class ApplicationNotFound(NotFound):
+    code = "application_not_found"
+
+
+class ApplicationsClosed(NotFound):
+    """The node's application form is off (`applications` closed, the default)."""
+
+    code = "applications_closed"
+
+
+class ApplicationsFull(AcsError):
+    """As many applications wait for review as the operator allows (`applications_pending_cap`)."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "applications_full"
+    never_retry = True
+
+
+class ApplicationNotPending(AcsError):
+    """A decision on an application already decided, claimed or expired."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "application_not_pending"
+    never_retry = True
+
+
+class InvalidClaimCode(AcsError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_claim_code"
+
+
+class ApplicationPending(AcsError):
+    """A claim before the operator decided: the same code works once it is approved."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "application_pending"
+
+
+class ApplicationRejected(AcsError):
+    status = 403
+    type = "permission_error"
+    code = "application_rejected"
+    never_retry = True
+
+
+class ApplicationGone(AcsError):
+    """`application_expired` (not claimed in time) or `claim_code_used` (claimed already)."""
+
+    status = 410
+    type = "invalid_request_error"
+    code = "application_expired"
+    never_retry = True

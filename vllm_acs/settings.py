@@ -157,8 +157,23 @@ class Settings:
     advertise_url: str | None = None
     registry_heartbeat_ms: int = 2_000
     registry_node_ttl_ms: int = 10_000
+    # Apply for access (docs/admin-console.md): `open` lets anyone reach `POST /v1/applications`
+    # without a key; `closed` (the default, so a node is not open to the network by surprise)
+    # answers it 404. Applications one client address may make per hour (`429 rate_limited`),
+    # applications waiting for review at most (`429 applications_full`), and days an
+    # application's claim code lives (pending or approved, not yet claimed).
+    applications: str = "closed"
+    applications_per_address: int = 3
+    applications_pending_cap: int = 200
+    application_ttl_days: int = 30
 
     def __post_init__(self) -> None:
+        if self.applications not in ("open", "closed"):
+            raise SettingsError(
+                f"{ENV_PREFIX}APPLICATIONS must be open or closed, got {self.applications!r}"
+            )
+        if self.application_ttl_days < 1:
+            raise SettingsError(f"{ENV_PREFIX}APPLICATION_TTL_DAYS must be at least 1")
         if self.usage_queue_max_rows < 1:
             raise SettingsError(f"{ENV_PREFIX}USAGE_QUEUE_MAX_ROWS must be at least 1")
         if self.keepalive_after_s and not self.keepalive_every_s:

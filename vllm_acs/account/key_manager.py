@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..auth.principal import DEFAULT_SCOPES, KEY_LIMIT_FIELDS, SCOPES, Principal
+from ..auth.principal import ADMIN_SCOPE, DEFAULT_SCOPES, KEY_LIMIT_FIELDS, SCOPES, Principal
 from ..storage.accounts import Account, AccountRepository
 from ..storage.api_keys import ApiKey, KeyRepository
 from ..storage.errors import ConflictError, KeyCapacityReached, NotFoundError, PausedByOperator
-from ..storage.key_events import OPERATOR, KeyEvent, KeyEventLog, KeyEventRow
+from ..storage.key_events import NO_KEY, OPERATOR, KeyEvent, KeyEventLog, KeyEventRow
 from ..storage.periods import key_monthly_counter
 from ..storage.usage import UsageRepository
 
@@ -30,8 +30,6 @@ from ..storage.usage import UsageRepository
 # the operator's).
 BUDGET_FIELDS = ("monthly_tokens", "daily_tokens", "monthly_input_tokens", "monthly_output_tokens")
 _ACTIONS = {"paused": "pause", "active": "resume", "revoked": "revoke"}
-# The audit trail's key id for a refused create by the operator (no key is involved).
-NO_KEY = "-"
 _OPERATOR_PAUSED = (
     "API key {prefix} was paused by the operator; only the operator can resume it "
     "(`vllm-acs keys resume`)"
@@ -94,6 +92,12 @@ class Actor:
         return cls(OPERATOR, None, SCOPES)
 
     @classmethod
+    def admin(cls, principal: Principal) -> Actor:
+        """An `admin` key in the console: the operator's powers, audited under its own id; it
+        never grants the `admin` scope (only the command line does)."""
+        return cls(principal.key_id, None, SCOPES)
+
+    @classmethod
     def of_key(cls, principal: Principal) -> Actor:
         limits = tuple((f, getattr(principal.limits, f)) for f in KEY_LIMIT_FIELDS)
         return cls(principal.key_id, principal.account_id, frozenset(principal.scopes), limits)
@@ -154,6 +158,12 @@ class KeyManager:
         return {f: getattr(key, f) for f in KEY_LIMIT_FIELDS}
 
     async def _check(self, actor: Actor, account: Account, settings: dict[str, Any]) -> None:
+        if ADMIN_SCOPE in (settings.get("scopes") or ()) and actor.id != OPERATOR:
+            raise ScopeEscalation(
+                "the admin scope is granted only by the operator's command line "
+                "(`vllm-acs keys create --scopes admin`), never by an API key",
+                "scopes",
+            )
         if actor.is_operator:
             return
         for field in settings:
@@ -328,7 +338,9 @@ class KeyManager:
             self._check_state(actor, key, state)
             event = KeyEvent(actor.id, _ACTIONS[state], {"state": state})
             try:
-                return await self._keys.set_state(key.id, state, event, by=actor.id)
+                # An admin key's pause is the operator's: only the operator side resumes it.
+                by = OPERATOR if actor.is_operator else actor.id
+                return await self._keys.set_state(key.id, state, event, by=by)
             except PausedByOperator:  # the operator paused it since it was read
                 raise OperatorPaused(_OPERATOR_PAUSED.format(prefix=key.prefix), "state") from None
             except ConflictError as error:

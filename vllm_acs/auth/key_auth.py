@@ -30,6 +30,7 @@ _REFUSALS = {
 _ACCOUNT_REFUSALS = {
     "suspended": ("account_suspended", "The account of this API key is suspended."),
     "pending": ("account_not_approved", "The account of this API key is not approved yet."),
+    "rejected": ("account_rejected", "The account of this API key was not approved."),
 }
 
 

@@ -13,8 +13,11 @@ from typing import Any
 PRINCIPAL_STATE_KEY = "acs_principal"
 # What a key may do. `keys` (manage the account's keys) is never a default: the operator grants
 # it (`vllm-acs keys create|set --scopes ...`), and a key grants at most the scopes it holds.
+# `admin` (the operator's console, /v1/admin) is granted only by the operator's command line,
+# never by a key (docs/admin-console.md).
 DEFAULT_SCOPES: frozenset[str] = frozenset({"completions", "jobs", "harvest", "looms"})
-SCOPES: frozenset[str] = DEFAULT_SCOPES | {"keys"}
+ADMIN_SCOPE = "admin"
+SCOPES: frozenset[str] = DEFAULT_SCOPES | {"keys", ADMIN_SCOPE}
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ..auth.local_key import add_local_key_command
     from .accounts import add_account_commands
+    from .applications import add_application_commands
     from .common import command
     from .db import add_db_commands
     from .jobs import add_job_commands
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .usage import add_usage_command
 
     add_account_commands(sub, command)
+    add_application_commands(sub, command)
     add_key_commands(sub, command)
     add_usage_command(sub, command)
     add_db_commands(sub, command)

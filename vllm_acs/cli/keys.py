@@ -24,7 +24,7 @@ def _flag(field: str) -> str:
     return _FLAG_NAMES.get(field, "--" + field.replace("_", "-"))
 
 
-def _manager(storage: Any) -> Any:
+def key_manager(storage: Any) -> Any:
     from ..account.key_manager import KeyManager
     from ..settings import Settings
 
@@ -41,7 +41,7 @@ async def _keys(args: argparse.Namespace, storage: Any) -> int:
     from ..account.key_manager import Actor
     from ..storage.api_keys import parse_scopes
 
-    keys, operator = _manager(storage), Actor.operator()
+    keys, operator = key_manager(storage), Actor.operator()
     if args.action == "create":
         limits = {f: getattr(args, f) for f in KEY_LIMIT_FIELDS if getattr(args, f) is not None}
         scopes = parse_scopes(args.scopes) if args.scopes else None
@@ -81,7 +81,7 @@ def _print_secret(args: argparse.Namespace, key: Any, secret: str, account_name:
 
 
 async def _log(args: argparse.Namespace, storage: Any) -> int:
-    events = await _manager(storage).log(args.account, args.key, args.limit)
+    events = await key_manager(storage).log(args.account, args.key, args.limit)
     rows = [
         {
             "at": e.at.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -102,7 +102,10 @@ async def _log(args: argparse.Namespace, storage: Any) -> int:
 def add_key_commands(sub: Any, command: Register) -> None:
     keys = sub.add_parser("keys", help="create, list, pause, resume, revoke, set API keys; log")
     acts = keys.add_subparsers(dest="action", required=True)
-    scopes_help = f"comma-separated: {','.join(sorted(SCOPES))} (`keys` is never a default)"
+    scopes_help = (
+        f"comma-separated: {','.join(sorted(SCOPES))} (`keys` and `admin` are never defaults; "
+        "only this command grants `admin`)"
+    )
     create = acts.add_parser("create", help="a new key; prints the secret once")
     create.add_argument("--account", required=True, help="id or name")
     create.add_argument("--name")

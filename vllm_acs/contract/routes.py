@@ -64,6 +64,21 @@ PUBLIC_V1_ROUTES: tuple[PublicRoute, ...] = (
     _route("/v1/keys", "POST", "GET"),
     _route("/v1/keys/{key_id}", "PATCH", "DELETE"),
     _route("/v1/usage", "GET"),
+    # Apply for access (issue 34): the only /v1 routes that answer without a key.
+    _route("/v1/applications", "POST"),
+    _route("/v1/applications/form", "GET"),
+    _route("/v1/applications/claim", "POST"),
+    # The operator's console (the `admin` scope).
+    _route("/v1/admin/applications", "GET"),
+    _route("/v1/admin/applications/{application_id}/approve", "POST"),
+    _route("/v1/admin/applications/{application_id}/reject", "POST"),
+    _route("/v1/admin/accounts", "GET"),
+    _route("/v1/admin/accounts/{account_id}", "GET", "PATCH"),
+    _route("/v1/admin/keys", "GET"),
+    _route("/v1/admin/keys/{key_id}", "PATCH", "DELETE"),
+    _route("/v1/admin/usage", "GET"),
+    _route("/v1/admin/nodes", "GET"),
+    _route("/v1/admin/audit", "GET"),
 )
 # Outside /v1: liveness, the API's description and its browsable UI: Swagger UI from the files
 # vLLM ships (`vllm-acs serve` passes --enable-offline-docs), so the page needs no other origin.

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from ..served_model import ServedModel
-from ..storage.registry import RegisteredNode, RegistryRepository
+from ..storage.registry import NodeVersions, RegisteredNode, RegistryRepository
 
 logger = logging.getLogger(__name__)
 # A node's row is deleted after it was silent this many TTLs (it is long gone).
@@ -36,8 +36,11 @@ class NodeRegistry:
         ttl_s: float,
         clock: Callable[[], datetime],
         default_model: str | None = None,
+        versions: NodeVersions | None = None,
     ) -> None:
         self.repository = repository
+        # What this node runs (the plugin's and vLLM's versions), shown in the console's Nodes.
+        self.versions = versions
         self.node_id = node_id
         self.address = address
         self.model = model
@@ -68,7 +71,9 @@ class NodeRegistry:
     async def _announce(self) -> None:
         served = self.model()
         if served is not None:
-            await self.repository.announce(self.node_id, self.address, served, self.clock())
+            await self.repository.announce(
+                self.node_id, self.address, served, self.clock(), versions=self.versions
+            )
 
     async def _beat_loop(self) -> None:
         beats = 0

@@ -1,4 +1,5 @@
 """AuthMiddleware: every `/v1/*` request needs a principal; the route's scope must be granted.
+The few exact paths it is given as open (the application form's) need none.
 
 API server process, after BodyLimit and before Forwarding and StrictValidation: it reads no body,
 so a request without a valid key is answered before any of its body is read. It asks the
@@ -9,7 +10,7 @@ so a request without a valid key is answered before any of its body is read. It 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import pluggy
 
@@ -29,6 +30,8 @@ DEFAULT_ROUTE_SCOPES: Mapping[str, str] = {
     # Managing the account's keys; never a default scope. /v1/usage (about the key itself) needs
     # no scope.
     "/v1/keys": "keys",
+    # The operator's console; granted only by the operator's command line.
+    "/v1/admin": "admin",
 }
 
 
@@ -47,15 +50,22 @@ class AuthMiddleware:
         *,
         protected_prefix: str = "/v1/",
         route_scopes: Mapping[str, str] = DEFAULT_ROUTE_SCOPES,
+        open_paths: Collection[str] = (),
     ) -> None:
         self.app = app
         self.plugin_manager = plugin_manager
         self.protected_prefix = protected_prefix
         self.route_scopes = dict(route_scopes)
+        # Exact /v1 paths that answer without a key (the application form's: issue 34).
+        self.open_paths = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or not path.startswith(self.protected_prefix):
+        if (
+            scope["type"] != "http"
+            or not path.startswith(self.protected_prefix)
+            or path in self.open_paths
+        ):
             await self.app(scope, receive, send)
             return
         headers = {

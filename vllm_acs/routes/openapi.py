@@ -12,6 +12,8 @@ from typing import Any
 from ..contract.activation_fields import CODEC_SCHEMA
 from ..contract.completion_request import CompletionRequest
 from ..settings import Settings
+from .admin.openapi import admin_paths, admin_schemas
+from .applications.openapi import application_paths, application_schemas
 from .harvest.openapi import harvest_paths, harvest_schemas
 from .jobs.openapi import job_paths, job_schemas
 from .keys.openapi import key_paths, key_schemas
@@ -147,6 +149,8 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
     components.update(loom_schemas())
     components.update(key_schemas())
     components.update(usage_schemas())
+    components.update(application_schemas())
+    components.update(admin_schemas())
     components["Completion"] = COMPLETION
     return {
         "openapi": "3.1.0",
@@ -175,6 +179,8 @@ def build_openapi(settings: Settings, version: str) -> dict[str, Any]:
             **loom_paths(settings),
             **key_paths(),
             **usage_paths(),
+            **application_paths(),
+            **admin_paths(),
             "/health": {
                 "get": {
                     "operationId": "health",

@@ -73,20 +73,25 @@ ERROR_TEXT = {
     "position_steering_unavailable, chat_completions_unsupported, vllm_invalid_request, "
     "vllm_context_length)",
     401: "No valid key (missing_authorization, invalid_api_key, key_revoked, key_disabled, "
-    "account_suspended, account_not_approved)",
+    "account_suspended, account_not_approved, account_rejected; invalid_claim_code)",
     403: "scope_denied: the key lacks the route's scope (or grants one it does not hold, sets a "
     "budget above its own, or resumes a key the operator paused); "
     "download_url_invalid: an expired, "
-    "unsigned or altered download URL",
+    "unsigned or altered download URL; application_rejected: the operator did not approve the "
+    "application",
     404: "Unknown route or id (not_found, model_not_found, job_not_found, harvest_job_not_found, "
-    "loom_not_found, loom_node_not_found, key_not_found)",
+    "loom_not_found, loom_node_not_found, key_not_found, account_not_found, "
+    "application_not_found; applications_closed: the node's application form is off)",
     409: "idempotency_conflict, no_answer, job_not_cancellable, harvest_not_cancellable, "
-    "key_not_changeable, loom_node_conflict, loom_node_limit (x-should-retry: false); running "
+    "key_not_changeable, loom_node_conflict, loom_node_limit, application_not_pending "
+    "(x-should-retry: false); application_pending: not reviewed yet; running "
     "(Retry-After): the first request with this Idempotency-Key has not answered yet",
+    410: "application_expired, claim_code_used: the claim code no longer works",
     413: "request_too_large",
     416: "range_not_satisfiable: the Range is not one range inside the file",
     429: "budget_exceeded, activation_quota_exceeded, job_capacity, harvest_quota_exceeded, "
-    "loom_capacity, key_capacity (no Retry-After), queue_full, rate_limited, spend_cap, "
+    "loom_capacity, key_capacity, applications_full (no Retry-After), queue_full, "
+    "rate_limited, spend_cap, "
     "harvest_concurrency_exceeded, harvest_capacity_exceeded (Retry-After)",
     500: "internal_error",
     502: "The inference engine failed (vllm_oom, vllm_engine_dead, upstream_server_error; "

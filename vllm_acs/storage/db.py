@@ -22,6 +22,7 @@ from ..private_paths import touch_private_file
 from ..settings import Settings, SettingsError
 from .accounts import AccountRepository
 from .api_keys import KeyRepository
+from .applications import ApplicationRepository
 from .counters import Counters
 from .counters_embedded import EmbeddedCounters
 from .counters_redis import RedisCounters
@@ -94,6 +95,7 @@ class Storage:
     files: FileStore
     looms: LoomRepository
     registry: RegistryRepository
+    applications: ApplicationRepository
 
     async def close(self) -> None:
         await self.ledger.close()
@@ -198,4 +200,5 @@ async def open_storage(
         files=files,
         looms=LoomRepository(engine),
         registry=RegistryRepository(engine),
+        applications=ApplicationRepository(engine),
     )

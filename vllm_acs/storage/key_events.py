@@ -1,9 +1,12 @@
-"""The audit trail of key management: one row per change of a key, written in the transaction
-that makes the change (`KeyRepository.create` / `update`), read by `vllm-acs keys log`.
+"""The audit trail of every operator and key-management action: one row per change of a key,
+an account or an application, written in the transaction that makes the change
+(`KeyRepository.create` / `update`, `ApplicationRepository`, `AccountManager`), read by
+`vllm-acs keys log` and `GET /v1/admin/audit`.
 
-Used by the CLI and the API server. A row names the actor (a key id, or `operator` for the
-command line), the action, the key and what changed; never a secret or a hash. A change the key
-manager refused is a row too (action `refuse`, written on its own): what was asked and why not.
+Used by the CLI and the API server. A row names the actor (a key id, `operator` for the command
+line, or an application's id for what an applicant did), the action, the key (`-` for an action
+on an account or an application) and what changed; never a secret, a claim code or a hash. A
+change the key manager refused is a row too (action `refuse`, written on its own).
 """
 
 from __future__ import annotations
@@ -17,10 +20,15 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .tables import key_events
-from .transactions import write_transaction
+from .transactions import utc, write_transaction
 
 OPERATOR = "operator"
-ACTIONS = ("create", "set", "pause", "resume", "revoke", "refuse")
+# The key column of an action on an account or an application.
+NO_KEY = "-"
+KEY_ACTIONS = ("create", "set", "pause", "resume", "revoke", "refuse")
+ACCOUNT_ACTIONS = ("account_create", "account_set")
+APPLICATION_ACTIONS = ("apply", "approve", "reject", "claim")
+ACTIONS = KEY_ACTIONS + ACCOUNT_ACTIONS + APPLICATION_ACTIONS
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,8 @@ class KeyEventLog:
         self._engine = engine
 
     async def record(self, event: KeyEvent, *, key_id: str, account_id: str) -> None:
-        """One row in a transaction of its own (a refusal: no change to write it with)."""
+        """One row in a transaction of its own (a refusal, or an account's change made by a
+        repository that does not write the trail itself)."""
         async with write_transaction(self._engine) as conn:
             await record_event(
                 conn, event, key_id=key_id, account_id=account_id, at=datetime.now(timezone.utc)
@@ -97,11 +106,31 @@ class KeyEventLog:
         limit: int = 100,
     ) -> list[KeyEventRow]:
         """The newest `limit` events (of an account, or of a key), oldest first."""
-        query = select(key_events).order_by(key_events.c.id.desc()).limit(limit)
-        if account_id is not None:
-            query = query.where(key_events.c.account_id == account_id)
-        if key_id is not None:
-            query = query.where(key_events.c.key_id == key_id)
+        return (await self.newest(account_id=account_id, key_id=key_id, limit=limit))[::-1]
+
+    async def newest(
+        self,
+        *,
+        account_id: str | None = None,
+        key_id: str | None = None,
+        actor: str | None = None,
+        action: str | None = None,
+        since: datetime | None = None,
+        before: int | None = None,
+        limit: int = 100,
+    ) -> list[KeyEventRow]:
+        """The newest `limit` events that match every filter given, newest first; `before`
+        (an event id) pages back."""
+        c = key_events.c
+        query = select(key_events).order_by(c.id.desc()).limit(limit)
+        for column, value in ((c.account_id, account_id), (c.key_id, key_id), (c.actor, actor)):
+            if value is not None:
+                query = query.where(column == value)
+        if action is not None:
+            query = query.where(c.action == action)
+        if since is not None:
+            query = query.where(c.at >= utc(since))
+        if before is not None:
+            query = query.where(c.id < before)
         async with self._engine.connect() as conn:
-            rows = [_row(row) for row in await conn.execute(query)]
-        return rows[::-1]
+            return [_row(row) for row in await conn.execute(query)]

@@ -9,6 +9,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -20,12 +21,19 @@ from .transactions import utc, utc_or_none, write_transaction
 
 
 @dataclass(frozen=True)
+class NodeVersions:
+    plugin: str | None
+    vllm: str | None
+
+
+@dataclass(frozen=True)
 class RegisteredNode:
     id: str
     address: str  # e.g. http://10.0.0.5:8000, where other nodes forward its model's requests
     model: ServedModel
     started_at: datetime
     heartbeat_at: datetime
+    versions: NodeVersions = NodeVersions(None, None)
 
 
 def _model_json(model: ServedModel) -> str:
@@ -38,13 +46,36 @@ def _model_from_json(text: str) -> ServedModel:
     return ServedModel(**{k: v for k, v in data.items() if k in known})
 
 
+_ANNOUNCED = ("address", "model_id", "model", "heartbeat_at", "plugin_version", "vllm_version")
+
+
+def _node(row: Any) -> RegisteredNode:
+    return RegisteredNode(
+        id=row.id,
+        address=row.address,
+        model=_model_from_json(row.model),
+        started_at=utc_or_none(row.started_at),  # type: ignore[arg-type]
+        heartbeat_at=utc_or_none(row.heartbeat_at),  # type: ignore[arg-type]
+        versions=NodeVersions(row.plugin_version, row.vllm_version),
+    )
+
+
 class RegistryRepository:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
 
-    async def announce(self, node_id: str, address: str, model: ServedModel, now: datetime):
+    async def announce(
+        self,
+        node_id: str,
+        address: str,
+        model: ServedModel,
+        now: datetime,
+        *,
+        versions: NodeVersions | None = None,
+    ):
         """Registers (or re-registers) this node as alive now."""
         now = utc(now)
+        versions = versions or NodeVersions(None, None)
         values = {
             "id": node_id,
             "address": address,
@@ -52,6 +83,8 @@ class RegistryRepository:
             "model": _model_json(model),
             "started_at": now,
             "heartbeat_at": now,
+            "plugin_version": versions.plugin,
+            "vllm_version": versions.vllm,
         }
         async with write_transaction(self._engine) as conn:
             dialect = sqlite if conn.dialect.name == "sqlite" else postgresql
@@ -59,7 +92,7 @@ class RegistryRepository:
             await conn.execute(
                 statement.on_conflict_do_update(
                     index_elements=[deployment_nodes.c.id],
-                    set_={k: values[k] for k in ("address", "model_id", "model", "heartbeat_at")},
+                    set_={k: values[k] for k in _ANNOUNCED},
                 )
             )
 
@@ -87,16 +120,16 @@ class RegistryRepository:
         )
         async with self._engine.connect() as conn:
             rows = (await conn.execute(query)).all()
-        return [
-            RegisteredNode(
-                id=row.id,
-                address=row.address,
-                model=_model_from_json(row.model),
-                started_at=utc_or_none(row.started_at),  # type: ignore[arg-type]
-                heartbeat_at=utc_or_none(row.heartbeat_at),  # type: ignore[arg-type]
-            )
-            for row in rows
-        ]
+        return [_node(row) for row in rows]
+
+    async def every(self) -> list[RegisteredNode]:
+        """Every row, live or silent (not yet forgotten), oldest first: the console's Nodes."""
+        query = select(deployment_nodes).order_by(
+            deployment_nodes.c.started_at, deployment_nodes.c.id
+        )
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        return [_node(row) for row in rows]
 
     async def model_ids(self) -> set[str]:
         """The models of every row, live or silent: a silent node's row stays until it is

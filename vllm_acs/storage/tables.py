@@ -1,5 +1,6 @@
 """The schema of accounts, keys (and their audit trail), budget counters, usage rows, jobs,
-idempotency records and Looms, as SQLAlchemy Core tables.
+idempotency records, Looms, the deployment's nodes and applications for access, as SQLAlchemy
+Core tables.
 
 Imported by the repositories and by Alembic's migrations; one schema for SQLite and PostgreSQL.
 Money is integer tokens (BigInteger), never floats.
@@ -229,5 +230,35 @@ deployment_nodes = Table(
     Column("model", Text, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False),
     Column("heartbeat_at", DateTime(timezone=True), nullable=False),
+    # What the node runs (migration 0011; null: a node that did not say), for the console.
+    Column("plugin_version", String(40), nullable=True),
+    Column("vllm_version", String(40), nullable=True),
     Index("ix_deployment_nodes_heartbeat", "heartbeat_at"),
+)
+
+# Applications for access (migration 0010, issue 34): what the applicant wrote, the pending
+# account it made, the SHA-256 of its one-time claim code (never the code), a hash of the
+# client address it came from (the per-address rate limit), and the operator's decision.
+# `status`: pending, approved, rejected, claimed; "expired" is read from `expires_at`.
+applications = Table(
+    "applications",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("account_id", String(40), ForeignKey("accounts.id"), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("email", String(254), nullable=False),
+    Column("affiliation", String(200), nullable=False),
+    Column("intended_use", Text, nullable=False),
+    Column("code_hash", String(64), nullable=False, unique=True),
+    Column("address_hash", String(64), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("decided_at", DateTime(timezone=True), nullable=True),
+    Column("decided_by", String(40), nullable=True),
+    Column("note", String(500), nullable=True),
+    Column("claimed_at", DateTime(timezone=True), nullable=True),
+    Column("key_id", String(40), nullable=True),
+    Index("ix_applications_address_created", "address_hash", "created_at"),
+    Index("ix_applications_status_created", "status", "created_at"),
 )

@@ -198,6 +198,64 @@ class UsageRepository:
                 for row in await conn.execute(query)
             ]
 
+    async def days_across_accounts(
+        self,
+        period: str,
+        *,
+        account_id: str | None = None,
+        key_id: str | None = None,
+        model: str | None = None,
+        workload: str | None = None,
+        limit: int = 100_000,
+    ) -> list[dict[str, Any]]:
+        """A UTC month's rows summed per (UTC day, account, key, model, workload), filtered by
+        what is given: the console's usage across accounts. Ordered by day, then the rest."""
+        c = usage_rows.c
+        day = _utc_day(c.created_at, self._engine.dialect.name)
+        group = [day, c.account_id, c.key_id, c.key_prefix, c.model, c.workload]
+        query = (
+            select(
+                day.label("day"),
+                c.account_id,
+                c.key_id,
+                c.key_prefix,
+                c.model,
+                c.workload,
+                func.count().label("requests"),
+                func.sum(c.prompt_tokens).label("prompt_tokens"),
+                func.sum(c.completion_tokens).label("completion_tokens"),
+                func.sum(c.activation_requests).label("activation_requests"),
+            )
+            .where(c.period == period)
+            .group_by(*group)
+            .order_by(*group)
+            .limit(limit)
+        )
+        for column, value in (
+            (c.account_id, account_id),
+            (c.key_id, key_id),
+            (c.model, model),
+            (c.workload, workload),
+        ):
+            if value is not None:
+                query = query.where(column == value)
+        async with self._engine.connect() as conn:
+            return [
+                {
+                    "date": str(row.day),
+                    "account_id": row.account_id,
+                    "key_id": row.key_id,
+                    "key_prefix": row.key_prefix,
+                    "model": row.model,
+                    "workload": row.workload,
+                    "requests": int(row.requests),
+                    "prompt_tokens": int(row.prompt_tokens or 0),
+                    "completion_tokens": int(row.completion_tokens or 0),
+                    "activation_requests": int(row.activation_requests or 0),
+                }
+                for row in await conn.execute(query)
+            ]
+
     async def rows(self, limit: int = 1000) -> list[dict[str, Any]]:
         query = select(usage_rows).order_by(usage_rows.c.id.desc()).limit(limit)
         async with self._engine.connect() as conn:
