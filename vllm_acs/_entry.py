@@ -298,6 +298,7 @@ class AcsEndpointPlugin:
     def _start_jobs(self, settings: Settings) -> None:
         from .harvest.download_urls import UrlSigner, load_or_create_secret
         from .harvest.job import KIND as HARVEST_KIND
+        from .harvest.job import PART_KIND, HarvestJobKind, HarvestPartKind
         from .jobs.completion import KIND, CompletionJobKind
         from .jobs.runner import JobRunner, utc_now
         from .looms.branch import KIND as LOOM_BRANCH_KIND
@@ -315,13 +316,16 @@ class AcsEndpointPlugin:
             completions.current_principal,
             utc_now,
         )
+        harvests = self._harvest_context(completions)
         kinds: dict[str, Any] = {
             KIND: completions,
-            HARVEST_KIND: self._harvest_kind(completions),
+            HARVEST_KIND: HarvestJobKind(harvests),
+            PART_KIND: HarvestPartKind(harvests),
             LOOM_BRANCH_KIND: branches,
         }
         # A node kept out of batch work (`batch_work` false) claims only Loom branches (a dead
-        # node's, reaped): harvests and completion jobs wait for the nodes that take them.
+        # node's, reaped): harvests, their parts and completion jobs wait for the nodes that
+        # take them.
         claimed = list(kinds) if settings.batch_work else [LOOM_BRANCH_KIND]
         self.runner = JobRunner(
             self.storage.jobs,
@@ -330,7 +334,9 @@ class AcsEndpointPlugin:
             concurrency=settings.job_concurrency,
             lease_s=settings.job_lease_ms / 1000,
             claim_kinds=claimed,
+            kind_limits={PART_KIND: max(1, settings.harvest_parts_per_node)},
         )
+        harvests.wake_runner = self.runner.wake
         self.jobs.bind(self.storage, self.runner)
         signer = UrlSigner(load_or_create_secret(settings.url_secret, settings.home))
         self.harvests.bind(self.storage, self.runner, signer)
@@ -341,9 +347,9 @@ class AcsEndpointPlugin:
         self.generations.bind(self.storage, self.runner, self.app)
         self.runner.start()
 
-    def _harvest_kind(self, completions: Any) -> Any:
+    def _harvest_context(self, completions: Any) -> Any:
         from . import __version__
-        from .harvest.job import HarvestJobKind, HarvestModel
+        from .harvest.context import HarvestContext, HarvestModel
 
         assert self.storage is not None and self.engine_client is not None
         engine, settings = self.engine_client, self.storage.settings
@@ -364,17 +370,17 @@ class AcsEndpointPlugin:
                 vllm_acs_version=__version__,
             )
 
-        return HarvestJobKind(
-            engine,
-            self.storage.files,
-            self.storage.counters,
-            self.storage.usage,
-            settings,
-            model,
-            completions.current_principal,
-            on_charged=lambda row: self._usage_written(row),
+        return HarvestContext(
+            engine=engine,
+            files=self.storage.files,
+            counters=self.storage.counters,
+            usage=self.storage.usage,
+            settings=settings,
+            model=model,
+            principal_now=completions.current_principal,
             jobs=self.storage.jobs,
             batch=self.batch,
+            on_charged=lambda row: self._usage_written(row),
         )
 
     def _usage_written(self, row: Any) -> None:

@@ -120,6 +120,11 @@ class Settings:
     # node holds at once before it answers `X-Acs-Longpoll: declined`.
     files_dir: Path | None = None
     harvest_prompts_in_flight: int = 8
+    # A harvest runs as parts of this many consecutive shards (more when a harvest would have
+    # more than 256 parts), which any node of its model claims; a node runs at most
+    # `harvest_parts_per_node` parts at once (its prompts in flight shared among them).
+    harvest_part_shards: int = 4
+    harvest_parts_per_node: int = 2
     harvest_capacity: int = 4
     harvest_monthly_quota: int | None = None
     harvest_long_polls: int = 64

@@ -93,9 +93,24 @@ def test_the_job_answers_its_files_and_progress(harvested):
     job = harvested["job"]
     assert job["result"]["n_shards"] == 3  # 40 prompts, 16 per shard
     assert job["result"]["layer_indices"] == LAYERS
-    assert job["progress"] == {"prompts_done": 40, "n_prompts": 40, "shards_done": 3}
+    progress = job["progress"]
+    # 3 shards make one part (4 shards to a part by default), run on this one node.
+    assert progress == {
+        "prompts_done": 40,
+        "n_prompts": 40,
+        "shards_done": 3,
+        "n_shards": 3,
+        "rows_done": progress["n_rows"],
+        "n_rows": sum(s["n_tokens"] for s in harvested["manifest"]["shards"]),
+        "parts": 1,
+        "parts_done": 1,
+        "parts_running": 0,
+        "nodes": 0,
+    }
     assert job["urls_expired"] is False
-    assert {"forward_s", "write_s", "tokens"} <= set(job["result"]["timings"])
+    timings = job["result"]["timings"]
+    assert {"forward_s", "write_s", "tokens"} <= set(timings)
+    assert (timings["parts"], timings["nodes"]) == (1, 1)
 
 
 def test_the_manifest_lists_every_shard(harvested):
@@ -303,6 +318,14 @@ def test_a_running_harvest_long_polls_refuses_a_second_and_cancels(acs_server):
     held = client.get(f"/v1/harvest/{job_id}", params={"wait": 2})
     assert held.status_code == 200 and held.json()["status"] == "running"
     assert held.json()["progress"]["shards_done"] == 0
+    # Its one part runs here, waiting for the slot.
+    assert held.json()["progress"] | {"eta_s": None} == held.json()["progress"] | {
+        "parts": 1,
+        "parts_done": 0,
+        "parts_running": 1,
+        "nodes": 1,
+        "eta_s": None,
+    }
     assert time.monotonic() - started >= 1.9
     assert client.get(f"/v1/harvest/{job_id}", params={"wait": 61}).status_code == 400
 
@@ -320,6 +343,8 @@ def test_a_running_harvest_long_polls_refuses_a_second_and_cancels(acs_server):
     cancelled = client.delete(f"/v1/harvest/{job_id}")
     poller.join(timeout=40)
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    # Its part was cancelled with it: nothing of it runs on.
+    assert cancelled.json()["progress"]["parts_running"] == 0
     assert answers["job"]["status"] == "cancelled" and answers["took"] < 10
     again = client.delete(f"/v1/harvest/{job_id}")
     assert again.status_code == 409

@@ -460,3 +460,41 @@ def test_a_kinds_own_result_retention(database_url: str):
         assert report.deleted == 2 and await repo.get(harvest.id) is None
 
     _run(database_url, body)
+
+
+def test_a_jobs_parts_are_added_once_fenced_and_cancelled_with_it(database_url: str):
+    """A harvest's parts (issue 33): added again by a resumed harvest, nothing changes; their
+    progress is written only by their holder; they do not count as the key's jobs; cancelling
+    the parts ends those not ended."""
+
+    async def body(repo: JobRepository, _engine: AsyncEngine) -> None:
+        parent = await repo.submit(new(kind="harvest"), at(0))
+
+        def part(index: int) -> NewJob:
+            return new(kind="harvest_part", id=f"{parent.id}-p{index:04d}", parent_id=parent.id)
+
+        assert await repo.add_parts([part(0), part(1), part(2)], at(1)) == 3
+        assert await repo.add_parts([part(0), part(1), part(2)], at(2)) == 0
+        parts = await repo.parts_of(parent.id)
+        assert [p.id for p in parts] == [part(i).id for i in range(3)]
+        assert {(p.parent_id, p.status, p.progress) for p in parts} == {
+            (parent.id, JobStatus.QUEUED, None)
+        }
+        # The parent alone is the key's job (the completion jobs' cap counts jobs, not parts).
+        assert await repo.count_unfinished("key_a") == 1
+
+        (claimed,) = await repo.claim_many("node-a", ["tiny"], at(3), 30, ["harvest_part"], limit=1)
+        assert claimed.id == part(0).id
+        done = {"shards_done": 1, "prompts_done": 4, "rows_done": 40}
+        assert await repo.report_progress(claimed.id, 0, "node-a", at(4), done)
+        assert not await repo.report_progress(claimed.id, 0, "node-b", at(4), {"shards_done": 9})
+        assert (await repo.get(claimed.id)).progress == done
+
+        finished = await repo.finish(claimed.id, 0, "node-a", JobStatus.SUCCEEDED, at(5))
+        assert finished
+        assert await repo.cancel_parts(parent.id, at(6)) == 2
+        statuses = [p.status for p in await repo.parts_of(parent.id)]
+        assert statuses == [JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.CANCELLED]
+        assert await repo.parts_of("job_none") == []
+
+    _run(database_url, body)

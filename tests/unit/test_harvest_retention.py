@@ -9,6 +9,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
+from vllm_acs.harvest.context import HarvestContext
 from vllm_acs.harvest.job import HarvestJobKind
 from vllm_acs.states import JobStatus
 from vllm_acs.storage.files import LocalFileStore
@@ -62,9 +63,17 @@ def test_the_sweep_keeps_what_is_live_and_deletes_the_rest(tmp_path):
     os.utime(tmp_path / "harvests" / "job_orphan" / "manifest.json", (old, old))
     fresh = (NOW - timedelta(minutes=5)).timestamp()
     os.utime(tmp_path / "harvests" / "job_fresh_orphan" / "manifest.json", (fresh, fresh))
-    kind = HarvestJobKind(
-        None, files, None, None, SimpleNamespace(), lambda: None, None, jobs=_Jobs(rows)
+    context = HarvestContext(
+        engine=None,
+        files=files,
+        counters=None,  # type: ignore[arg-type]
+        usage=None,  # type: ignore[arg-type]
+        settings=SimpleNamespace(),  # type: ignore[arg-type]
+        model=lambda: None,  # type: ignore[arg-type,return-value]
+        principal_now=lambda principal: principal,
+        jobs=_Jobs(rows),  # type: ignore[arg-type]
     )
+    kind = HarvestJobKind(context)
     assert asyncio.run(kind.sweep(NOW)) == 2
     assert asyncio.run(files.children("harvests")) == [
         "job_fresh_orphan",

@@ -241,3 +241,60 @@ def test_a_node_out_of_batch_work_leaves_those_kinds_queued(tmp_path):
         await storage.close()
 
     asyncio.run(run())
+
+
+def test_a_kind_with_a_limit_runs_no_more_than_its_share_here(tmp_path):
+    """`kind_limits` (a harvest's parts: two per node): of five queued parts, this runner holds
+    two at once and takes the next as one ends; the unlimited kinds still run beside them."""
+    running: list[str] = []
+    most = [0]
+    release = asyncio.Event()
+
+    async def part(job, stop):
+        running.append(job.id)
+        most[0] = max(most[0], len(running))
+        await release.wait()
+        running.remove(job.id)
+        return JobOutcome(JobStatus.SUCCEEDED, 200, "{}", None)
+
+    completed: list[str] = []
+
+    async def completion(job, stop):
+        completed.append(job.id)
+        return JobOutcome(JobStatus.SUCCEEDED, 200, "{}", None)
+
+    async def run():
+        url = f"sqlite+aiosqlite:///{tmp_path / 'acs.sqlite3'}"
+        storage = await open_storage(Settings(database_url=url, home=tmp_path))
+
+        def new(kind: str) -> NewJob:
+            return NewJob(kind=kind, key_id="k", account_id="a", model="tiny", request={})
+
+        parts = [await storage.jobs.submit(new("harvest_part"), NOW) for _ in range(5)]
+        other = await storage.jobs.submit(new("completion"), NOW)
+        runner = JobRunner(
+            storage.jobs,
+            {"harvest_part": StandInKind(part), "completion": StandInKind(completion)},
+            lambda: ["tiny"],
+            poll_s=0.05,
+            clock=lambda: NOW,
+            kind_limits={"harvest_part": 2},
+        )
+        runner.start()
+
+        async def two_running() -> bool:
+            return len(running) == 2 and completed == [other.id]
+
+        await _until(two_running)
+        await asyncio.sleep(0.3)  # more polls: still two
+        assert len(running) == 2
+        queued = [p for p in parts if (await storage.jobs.get(p.id)).status == JobStatus.QUEUED]
+        assert len(queued) == 3
+        release.set()
+        for job in parts:
+            await _until(_status(storage, job.id, JobStatus.SUCCEEDED))
+        await runner.close()
+        await storage.close()
+        assert most[0] == 2
+
+    asyncio.run(run())

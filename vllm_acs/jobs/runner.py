@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import uuid
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta, timezone
 
@@ -61,12 +62,16 @@ class JobRunner:
         clock: Callable[[], datetime] = utc_now,
         owner: str | None = None,
         claim_kinds: Collection[str] | None = None,
+        kind_limits: Mapping[str, int] | None = None,
     ) -> None:
         self.repository = repository
         self.kinds = dict(kinds)
         # The kinds this process claims from the queue (a node kept out of batch work claims
         # fewer); it still runs any kind it adopts.
         self.claim_kinds = list(self.kinds if claim_kinds is None else claim_kinds)
+        # The most jobs of a kind this process runs at once, where it is fewer than
+        # `concurrency` (a harvest's parts: each node takes a share, not all of them).
+        self.kind_limits = dict(kind_limits or {})
         self.models = models
         self.concurrency = concurrency
         self.lease_s = lease_s
@@ -82,6 +87,7 @@ class JobRunner:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._running: dict[str, asyncio.Event] = {}
+        self._running_kinds: Counter[str] = Counter()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._closing = False
@@ -103,6 +109,7 @@ class JobRunner:
         if self._closing:
             return  # its lease will expire and another process (or the restart) takes it
         self._running[job.id] = asyncio.Event()
+        self._running_kinds[job.kind] += 1
         task = asyncio.create_task(self._run(job), name=f"acs-job-{job.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -135,14 +142,7 @@ class JobRunner:
                 continue
             self._wake.clear()  # before the claim: a submit during it is not missed
             try:
-                claimed = await self.repository.claim_many(
-                    self.owner,
-                    self.models(),
-                    self.clock(),
-                    self.lease_s,
-                    kinds=self.claim_kinds,
-                    limit=min(free, CLAIM_BATCH),
-                )
+                claimed = await self._claim(free)
             except Exception:
                 logger.exception("claiming jobs failed; retrying")
                 claimed = []
@@ -154,9 +154,34 @@ class JobRunner:
             for job in claimed:
                 # Counted as running at once, so the next claim asks only for the free slots.
                 self._running[job.id] = asyncio.Event()
+                self._running_kinds[job.kind] += 1
                 task = asyncio.create_task(self._run(job), name=f"acs-job-{job.id}")
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+
+    async def _claim(self, free: int) -> list[Job]:
+        """Up to `free` queued jobs: of the unlimited kinds in one statement, then of each kind
+        with a limit as many as it has room for."""
+        models = self.models()
+        open_kinds = [kind for kind in self.claim_kinds if kind not in self.kind_limits]
+        claimed: list[Job] = []
+        if open_kinds:
+            claimed = await self.repository.claim_many(
+                self.owner,
+                models,
+                self.clock(),
+                self.lease_s,
+                kinds=open_kinds,
+                limit=min(free, CLAIM_BATCH),
+            )
+        for kind, most in self.kind_limits.items():
+            room = min(most - self._running_kinds[kind], free - len(claimed))
+            if kind not in self.claim_kinds or room <= 0:
+                continue
+            claimed += await self.repository.claim_many(
+                self.owner, models, self.clock(), self.lease_s, kinds=[kind], limit=room
+            )
+        return claimed
 
     async def _run(self, job: Job) -> None:
         stop = self._running[job.id]
@@ -175,7 +200,10 @@ class JobRunner:
             RUNNING_JOBS.dec()
             keeper.cancel()
             self._running.pop(job.id, None)
+            self._running_kinds[job.kind] -= 1
             self._slot_freed.set()
+            if job.kind in self.kind_limits:
+                self._wake.set()  # room for the next one of its kind: claim it now
 
     async def _outcome(self, job: Job, stop: asyncio.Event) -> JobOutcome | HandBack | Stopped:
         try:

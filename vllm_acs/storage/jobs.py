@@ -5,6 +5,7 @@ Times are the caller's `now`; a lease holder's writes are fenced on (id, attempt
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import bindparam, case, delete, func, literal, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..states import ACTIVE, TERMINAL, IllegalTransition, JobStatus, can_move
@@ -54,8 +56,11 @@ _TIME = jobs.c.created_at.type
 
 # The statements of every submit and read, built once: building one per call (and computing its
 # cache key) cost SQLAlchemy more than SQLite took to run it.
+# A job's parts (a harvest's) are its own work, not more jobs of the key.
 _COUNT_UNFINISHED = select(func.count()).where(
-    jobs.c.key_id == bindparam("key_id"), jobs.c.status.in_(_ACTIVE)
+    jobs.c.key_id == bindparam("key_id"),
+    jobs.c.status.in_(_ACTIVE),
+    jobs.c.parent_id.is_(None),
 )
 _INSERT = jobs.insert()
 _BY_ID = select(jobs).where(jobs.c.id == bindparam("job_id"))
@@ -362,6 +367,54 @@ class JobRepository:
         if row is not None:
             return job_from_row(row)
         return await self.get(job_id, key_id)
+
+    # --- parts (a harvest spread over nodes) ---------------------------------------------------
+
+    async def add_parts(self, parts: Sequence[NewJob], now: datetime) -> int:
+        """Queues the parts of a job, each naming it in `parent_id`; a part that exists already
+        (same id: a restarted parent adds them again) is left as it is. Returns how many were
+        added."""
+        if not parts:
+            return 0
+        now = utc(now)
+        rows = [insert_values(part, now) for part in parts]
+        async with write_transaction(self._engine) as conn:
+            dialect = sqlite if conn.dialect.name == "sqlite" else postgresql
+            statement = (
+                dialect.insert(jobs).values(rows).on_conflict_do_nothing(index_elements=[jobs.c.id])
+            )
+            return (await conn.execute(statement)).rowcount
+
+    async def parts_of(self, parent_id: str) -> list[Job]:
+        """The parts of a job, in the order of their ids."""
+        query = select(jobs).where(jobs.c.parent_id == parent_id).order_by(jobs.c.id)
+        async with point_read(self._engine) as conn:
+            return [job_from_row(row) for row in await conn.execute(query)]
+
+    async def report_progress(
+        self, job_id: str, attempt: int, owner: str, now: datetime, progress: Mapping[str, Any]
+    ) -> bool:
+        """A running part's progress, fenced like its lease; False when it is not ours."""
+        body = json.dumps(dict(progress), separators=(",", ":"))
+        return await self._fenced(job_id, attempt, owner, utc(now), {"progress": body})
+
+    async def cancel_parts(self, parent_id: str, now: datetime) -> int:
+        """Every part of `parent_id` not ended yet -> cancelled (their owners learn it at their
+        next renew). Returns how many."""
+        now = utc(now)
+        c = jobs.c
+        statement = (
+            update(jobs)
+            .where(c.parent_id == parent_id, c.status.in_(_ACTIVE))
+            .values(
+                status=JobStatus.CANCELLED.value,
+                finished_at=now,
+                lease_expires_at=None,
+                updated_at=now,
+            )
+        )
+        async with write_transaction(self._engine) as conn:
+            return (await conn.execute(statement)).rowcount
 
     async def sweep(
         self,

@@ -38,7 +38,28 @@ class HarvestResult(BaseModel):
     manifest_url: str
     shard_urls: list[str]
     stats_url: str
-    timings: dict[str, Any] = Field(description="forward_s, write_s, wall_s, tokens, prompts")
+    timings: dict[str, Any] = Field(
+        description="forward_s and write_s (summed over parts), wall_s, tokens, prompts, parts, "
+        "nodes"
+    )
+
+
+class HarvestProgress(BaseModel):
+    """Across the harvest's parts, whichever nodes run them."""
+
+    prompts_done: int = 0
+    n_prompts: int = 0
+    shards_done: int = 0
+    n_shards: int = 0
+    rows_done: int = Field(0, description="Activation rows (prompt tokens) written to shards")
+    n_rows: int = 0
+    parts: int = Field(0, description="The parts the harvest was cut into (0 until it starts)")
+    parts_done: int = 0
+    parts_running: int = 0
+    nodes: int = Field(0, description="The nodes running its parts now")
+    eta_s: float | None = Field(
+        None, description="Seconds left at the speed so far (running, once rows are written)"
+    )
 
 
 class HarvestError(BaseModel):
@@ -56,7 +77,7 @@ class HarvestJob(BaseModel):
     created_at: str
     started_at: str | None = None
     finished_at: str | None = None
-    progress: dict[str, int] = Field(description="prompts_done, n_prompts, shards_done")
+    progress: HarvestProgress
     result: HarvestResult | None = None
     error: HarvestError | None = None
     urls_expire_at: str | None = None

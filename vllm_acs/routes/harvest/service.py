@@ -49,7 +49,14 @@ from ...storage.jobs import Job, NewJob
 from ...storage.periods import budget_lines, counter_with_period, hold
 from ..answers import Answer
 from ..long_poll import DECLINED_HEADERS, LONG_POLL_MAX_S
-from .protocol import STATE_OF_JOB, HarvestError, HarvestJob, HarvestResult, HarvestSubmitted
+from .protocol import (
+    STATE_OF_JOB,
+    HarvestError,
+    HarvestJob,
+    HarvestProgress,
+    HarvestResult,
+    HarvestSubmitted,
+)
 
 HARVEST_PATH = "/v1/harvest"
 DOWNLOADS_PATH = "/downloads"
@@ -275,13 +282,17 @@ class HarvestService:
                 f"The harvest has already ended (status {STATE_OF_JOB[job.status]}); only a "
                 "pending or running harvest can be cancelled."
             )
+        # Its parts too: those running here stop now, elsewhere at their next lease renewal.
+        await self._storage.jobs.cancel_parts(job.id, self.clock())
         if self.runner is not None:
             self.runner.stop_job(job.id)
+            for part in await self._storage.jobs.parts_of(job.id):
+                self.runner.stop_job(part.id)
         return Answer(200, await self.harvest_object(job, base_url), {})
 
     async def harvest_object(self, job: Job, base_url: str) -> dict[str, Any]:
         request = job.request or {}
-        manifest = await self._manifest(job.id)
+        manifest = await self._manifest(job.id) if job.status == JobStatus.SUCCEEDED else None
         n_prompts = int(request.get("n_prompts", manifest.n_prompts if manifest else 0))
         shown = HarvestJob(
             job_id=job.id,
@@ -292,11 +303,7 @@ class HarvestService:
             created_at=_iso(job.created_at) or "",
             started_at=_iso(job.started_at),
             finished_at=_iso(job.finished_at) if job.ended else None,
-            progress={
-                "prompts_done": manifest.prompts_done if manifest else 0,
-                "n_prompts": n_prompts,
-                "shards_done": len(manifest.shards) if manifest else 0,
-            },
+            progress=await self._progress(job, manifest),
         )
         if job.ended and job.result_body:
             result = json.loads(job.result_body)
@@ -336,6 +343,42 @@ class HarvestService:
         )
         shown.urls_expire_at = _iso(expires_at)
         shown.urls_expired = now >= expires_at
+
+    async def _progress(self, job: Job, manifest: Manifest | None) -> HarvestProgress:
+        """Across the harvest's parts, whichever nodes run them (a done harvest: its manifest)."""
+        request = job.request or {}
+        n_prompts = int(request.get("n_prompts", 0))
+        shard_size = max(1, int(request.get("shard_size", 1)))
+        progress = HarvestProgress(
+            n_prompts=n_prompts,
+            n_shards=-(-n_prompts // shard_size),
+            n_rows=int(request.get("n_tokens", 0)),
+        )
+        if manifest is not None and manifest.complete:
+            progress.prompts_done = manifest.prompts_done
+            progress.shards_done = len(manifest.shards)
+            progress.rows_done = manifest.n_tokens
+            progress.n_prompts = progress.n_prompts or manifest.n_prompts
+            progress.n_shards = progress.shards_done
+            progress.n_rows = progress.n_rows or manifest.n_tokens
+        parts = await self._storage.jobs.parts_of(job.id)
+        if parts:
+            progress.parts = len(parts)
+            progress.parts_done = sum(p.status == JobStatus.SUCCEEDED for p in parts)
+            running = [p for p in parts if p.status == JobStatus.RUNNING]
+            progress.parts_running = len(running)
+            progress.nodes = len({p.owner for p in running if p.owner})
+        if manifest is None or not manifest.complete:
+            for part in parts:
+                done = part.progress or {}
+                progress.prompts_done += int(done.get("prompts_done", 0))
+                progress.shards_done += int(done.get("shards_done", 0))
+                progress.rows_done += int(done.get("rows_done", 0))
+        if job.status == JobStatus.RUNNING and job.started_at and progress.rows_done > 0:
+            elapsed = (self.clock() - job.started_at).total_seconds()
+            left = max(0, progress.n_rows - progress.rows_done)
+            progress.eta_s = round(max(0.0, elapsed) * left / progress.rows_done, 1)
+        return progress
 
     async def _manifest(self, job_id: str) -> Manifest | None:
         try:
