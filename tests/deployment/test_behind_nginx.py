@@ -1,8 +1,9 @@
 """A deployment behind nginx behaves as one node, whichever node each request lands on: keys,
-budgets, limits, completion jobs, harvests (files fetched from SeaweedFS by presigned URLs) and
-Looms; each model's status counts its live nodes; the other model's requests are forwarded
-(streamed, with capture, charged once by the serving node); a node killed mid-harvest leaves the
-harvest to the other node of its model, which resumes it after its last complete shard; the
+budgets, limits, completion jobs, harvests (spread in parts over both nodes of their model, the
+same files as a one-node harvest, fetched from SeaweedFS by presigned URLs) and Looms; each
+model's status counts its live nodes; the other model's requests are forwarded (streamed, with
+capture, charged once by the serving node); a node killed mid-part leaves its part to the other
+node of its model, which resumes it after the part's last complete shard; the
 single node of a model killed mid-stream cuts the stream, takes its model out of the list at once
 for requests and within its TTL for the list (its status: not warm), and leaks no slot of the
 key.
@@ -48,8 +49,10 @@ from tests.harness import (
     wait_until,
 )
 from tests.nginx import Nginx, running_nginx
+from tests.reference import assert_rows_close
 from tests.slot_holder import holding_stream, wait_for_the_slot
 from vllm_acs.client import decode_residual_stream, download_harvest
+from vllm_acs.harvest.stats import LayerStats
 
 pytestmark = pytest.mark.e2e
 
@@ -68,6 +71,9 @@ HIDDEN = 128  # the tiny model's
 # The harvest killed mid-way: 60 shards of 4 prompts, 2 prompts in the engine at a time.
 KILL_PROMPTS, KILL_SHARD_SIZE, KILL_PROMPT_TOKENS = 240, 4, 60
 KILL_SHARDS = KILL_PROMPTS // KILL_SHARD_SIZE
+# Harvests run in parts of 4 shards, one part at a time per node: both nodes of a model take
+# parts of one harvest.
+PART_SHARDS = 4
 
 
 @dataclass
@@ -107,6 +113,8 @@ def deployment(seaweedfs, tiny_model_dir, tmp_path_factory) -> Iterator[Deployme
         "VLLM_ACS_JOB_LEASE_MS": str(JOB_LEASE_MS),
         # The harvest killed mid-way takes seconds: the kill lands inside it.
         "VLLM_ACS_HARVEST_PROMPTS_IN_FLIGHT": "2",
+        "VLLM_ACS_HARVEST_PART_SHARDS": str(PART_SHARDS),
+        "VLLM_ACS_HARVEST_PARTS_PER_NODE": "1",
         # A request without `model` means the single node's model, whichever node it reaches.
         "VLLM_ACS_DEFAULT_MODEL": OTHER_ID,
         **seaweedfs.env(prefix),
@@ -435,20 +443,49 @@ def _prompts(count: int, sizes: tuple[int, int], seed: int) -> list[list[int]]:
     ]
 
 
-def test_a_harvest_through_nginx_is_downloaded_from_the_store(deployment, tmp_path):
-    nodes, url = deployment.nodes, deployment.url
+def _harvested(client: httpx.Client, body: dict[str, Any], nodes: list[ServerProcess]) -> dict:
+    submitted = client.post("/v1/harvest", json=body)
+    assert submitted.status_code == 202, submitted.text
+    return wait_harvest_ended(client, submitted.json()["job_id"], nodes, 240)
+
+
+def test_a_harvest_runs_in_parts_on_both_nodes_and_reads_as_a_one_node_harvest(
+    deployment, tmp_path
+):
+    nodes, url, cluster = deployment.nodes, deployment.url, deployment.cluster
     key = nodes[0].create_key("nginx-harvest")
     auth = {"Authorization": f"Bearer {key}"}
-    prompts = _prompts(8, (2, 20), seed=13)
+    prompts = _prompts(96, (2, 20), seed=13)
     body = {"model": MODEL_ID, "prompts": prompts, "layers": [0, 2], "shard_size": 4}
     with httpx.Client(base_url=url, headers=auth, timeout=120) as client:
-        submitted = client.post("/v1/harvest", json=body)
-        assert submitted.status_code == 202, submitted.text
-        job_id = submitted.json()["job_id"]
-        job = wait_harvest_ended(client, job_id, nodes, 180)
-    assert job["status"] == "done", (job, deployment.logs())
-    result = job["result"]
-    assert result["n_shards"] == 2
+        job = _harvested(client, body, nodes)
+        assert job["status"] == "done", (job, deployment.logs())
+        # The same prompts on the one node of the other model (the same weights): a one-node
+        # harvest of the same input.
+        one_node = _harvested(client, {**body, "model": OTHER_ID}, nodes)
+        assert one_node["status"] == "done", (one_node, deployment.logs())
+    job_id, result = job["job_id"], job["result"]
+    n_shards = 96 // 4
+    assert result["n_shards"] == n_shards
+    assert job["progress"] | {"eta_s": None} == {
+        "prompts_done": 96,
+        "n_prompts": 96,
+        "shards_done": n_shards,
+        "n_shards": n_shards,
+        "rows_done": sum(map(len, prompts)),
+        "n_rows": sum(map(len, prompts)),
+        "parts": n_shards // PART_SHARDS,
+        "parts_done": n_shards // PART_SHARDS,
+        "parts_running": 0,
+        "nodes": 0,
+        "eta_s": None,
+    }
+    # Both nodes of the model took parts; the other model's node none.
+    owners = cluster.query("SELECT owner FROM jobs WHERE parent_id = $1", job_id)
+    ran_parts = Counter(cluster.owner_node(row["owner"]).base_url for row in owners)
+    assert set(ran_parts) == {nodes[0].base_url, nodes[1].base_url}, ran_parts
+    assert result["timings"]["parts"] == n_shards // PART_SHARDS
+    assert result["timings"]["nodes"] == 2
     # The store's presigned GETs, not the node's /downloads: downloads never pass a node.
     for file_url in [result["manifest_url"], result["stats_url"], *result["shard_urls"]]:
         parts = urlsplit(file_url)
@@ -456,28 +493,48 @@ def test_a_harvest_through_nginx_is_downloaded_from_the_store(deployment, tmp_pa
         assert not parts.path.startswith("/downloads")
         query = parse_qs(parts.query)
         assert query["X-Amz-Algorithm"] == ["AWS4-HMAC-SHA256"] and query["X-Amz-Signature"]
-    files = download_harvest(job, tmp_path)
+    files = download_harvest(job, tmp_path / "parts")
+    reference = download_harvest(one_node, tmp_path / "one-node")
+    # The same layout: shard names, which prompts each holds, the manifest's fields.
+    assert [p.name for p in files.shard_paths] == [p.name for p in reference.shard_paths]
+    assert [p.name for p in files.shard_paths] == [
+        f"shard_{n:05d}.safetensors" for n in range(n_shards)
+    ]
+    differ = {"job_id", "model", "checkpoint", "tokenizer"}
+    assert {k: v for k, v in files.manifest.items() if k not in differ} == {
+        k: v for k, v in reference.manifest.items() if k not in differ
+    }
+    assert files.manifest["complete"] is True
+    # Rows in the same order, the tokens exact; the activations as one node computes them
+    # (within a bf16 step: which prompts share a step differs between the runs).
     seen = {}
-    for index, rows, tokens in files.prompts():
-        seen[index] = tokens.tolist()
-        assert tuple(rows.shape) == (2, len(prompts[index]), HIDDEN)
+    ours = {index: (rows, tokens) for index, rows, tokens in files.prompts()}
+    for index, rows, tokens in reference.prompts():
+        seen[index] = ours[index][1].tolist()
+        assert ours[index][1].tolist() == tokens.tolist()
+        assert tuple(ours[index][0].shape) == (2, len(prompts[index]), HIDDEN)
+        got, want = ours[index][0].float().numpy(), rows.float().numpy()
+        assert_rows_close(got, want, f"prompt {index}")
     assert seen == dict(enumerate(prompts))
-    # Plain safetensors: each shard's token tensors have the prompts' token counts.
-    counts = {}
-    for path in files.shard_paths:
-        shard = load(path.read_bytes())
-        counts.update({int(n.split("_")[1]): t.numel() for n, t in shard.items() if "tokens" in n})
-    assert counts == {i: len(p) for i, p in enumerate(prompts)}
-    for shard in files.manifest["shards"]:
-        indices = range(shard["first_prompt"], shard["last_prompt"] + 1)
-        assert shard["n_tokens"] == sum(len(prompts[i]) for i in indices)
+    # The merged statistics equal those of every shard's rows taken in order, within float
+    # rounding (the parts were merged with Chan's formula, not added row by row).
+    direct = LayerStats(2, HIDDEN)
+    for _index, rows, tokens in files.prompts():
+        exact = rows.float().numpy()
+        if int(tokens[0]) == files.manifest["bos_token_id"]:
+            direct.add(exact[:, 1:], exact[:, :1])
+        else:
+            direct.add(exact)
+    merged = load((tmp_path / "parts" / "stats.safetensors").read_bytes())
+    for name, want in direct.final().items():
+        np.testing.assert_allclose(merged[name].numpy(), want, rtol=1e-5, atol=1e-6, err_msg=name)
     # Every node reads the same harvest.
     for node in nodes:
         read = httpx.get(f"{node.base_url}/v1/harvest/{job_id}", headers=auth, timeout=60)
         assert read.status_code == 200, read.text
         assert read.json()["status"] == "done"
         names = [urlsplit(u).path.rsplit("/", 1)[-1] for u in read.json()["result"]["shard_urls"]]
-        assert names == ["shard_00000.safetensors", "shard_00001.safetensors"]
+        assert names == [f"shard_{n:05d}.safetensors" for n in range(n_shards)]
 
 
 def test_a_loom_grows_and_reads_the_same_on_every_node(deployment):
@@ -525,7 +582,7 @@ def test_a_loom_grows_and_reads_the_same_on_every_node(deployment):
             assert text.text == "The sky is" + child["text"]
 
 
-def test_a_node_killed_mid_harvest_leaves_it_to_the_other_node_of_its_model(deployment):
+def test_a_node_killed_mid_part_leaves_it_to_the_other_node_of_its_model(deployment):
     # Near the end: the killed node stays down.
     nodes, url, cluster = deployment.nodes, deployment.url, deployment.cluster
     record = nodes[0].create_key_record("nginx-harvest-kill")
@@ -542,47 +599,63 @@ def test_a_node_killed_mid_harvest_leaves_it_to_the_other_node_of_its_model(depl
         job_id = submitted.json()["job_id"]
         prefix = f"harvests/{job_id}"
 
-        def listed_shards() -> int:
-            try:
-                manifest = json.loads(_bucket(deployment, "read", f"{prefix}/manifest.json"))
-            except FileNotFoundError:
-                return 0
-            return len(manifest["shards"])
+        def running_parts() -> list[dict[str, Any]]:
+            return cluster.query(
+                "SELECT id, owner, progress FROM jobs WHERE parent_id = $1 AND status = "
+                "'running' ORDER BY id",
+                job_id,
+            )
 
-        wait_until(lambda: listed_shards() >= 2, "two shards listed", 120, every_s=0.05)
-        (job,) = cluster.query("SELECT status, owner, attempt FROM jobs WHERE id = $1", job_id)
-        assert (job["status"], job["attempt"]) == ("running", 0), job
-        victim = cluster.owner_node(job["owner"])
+        def cut_short() -> dict[str, Any] | None:
+            """A running part with a shard written and more to write, while a part runs on
+            each node (so the kill lands mid-part, beside the other node's work)."""
+            running = running_parts()
+            if len({row["owner"] for row in running}) < 2:
+                return None
+            for row in running:
+                done = json.loads(row["progress"] or "{}").get("shards_done", 0)
+                if 1 <= done < PART_SHARDS - 1:
+                    return row
+            return None
+
+        wait_until(lambda: cut_short() is not None, "a part cut short", 120, every_s=0.05)
+        victim_part = cut_short()
+        assert victim_part is not None
+        victim = cluster.owner_node(victim_part["owner"])
         assert victim in nodes[:2]
         (survivor,) = [n for n in nodes[:2] if n is not victim]
         sigkill_group(victim.process.pid)
 
-        # Killed mid-harvest: some shards complete, not all (else this proves nothing).
-        at_kill = json.loads(_bucket(deployment, "read", f"{prefix}/manifest.json"))
-        assert at_kill["complete"] is False
-        done_at_kill = len(at_kill["shards"])
-        assert 2 <= done_at_kill < KILL_SHARDS, done_at_kill
-        first_written = _bucket(deployment, "modified_at", f"{prefix}/shard_00000.safetensors")
+        # Killed mid-part: the part's manifest lists some of its shards, not all.
+        part = int(victim_part["id"].rsplit("-p", 1)[1])
+        at_kill = json.loads(_bucket(deployment, "read", f"{prefix}/_parts/part_{part:04d}.json"))
+        listed = [int(shard["file"][6:11]) for shard in at_kill["shards"]]
+        assert 1 <= len(listed) < PART_SHARDS and at_kill["complete"] is False, at_kill
+        first_written = _bucket(
+            deployment, "modified_at", f"{prefix}/shard_{listed[0]:05d}.safetensors"
+        )
         assert first_written is not None
 
-        # Through nginx still (the dead node is skipped): the survivor takes it back.
+        # Through nginx still (the dead node is skipped): the survivor takes the part back.
         job = wait_harvest_ended(client, job_id, [survivor], 300)
     assert job["status"] == "done", (job, survivor.log_tail())
     assert job["result"]["n_shards"] == KILL_SHARDS
     log = survivor.log_path.read_text()
     # After the shards listed at the kill, or later: a shard whose upload was on its way when the
     # node died may land in the store after the kill (seen once: listed 2, resumed after 3).
-    resumed = re.search(rf"harvest {job_id} resumes after shard (\d+)", log)
+    resumed = re.search(rf"harvest {job_id} part {part} resumes after shard (\d+)", log)
     assert resumed, survivor.log_tail()
     last_done = int(resumed.group(1))
-    assert done_at_kill - 1 <= last_done < KILL_SHARDS - 1, resumed.group(0)
+    part_end = (part + 1) * PART_SHARDS - 1
+    assert listed[-1] <= last_done < part_end, resumed.group(0)
     assert f"harvest {job_id} wrote shard_{last_done + 1:05d}.safetensors" in log
-    assert f"harvest {job_id} wrote shard_{0:05d}.safetensors" not in log
-    # Shard 0 is the killed node's, not rewritten.
-    assert _bucket(deployment, "modified_at", f"{prefix}/shard_00000.safetensors") == first_written
-    (job_row,) = cluster.query("SELECT owner, attempt FROM jobs WHERE id = $1", job_id)
-    assert job_row["attempt"] == 1
-    assert cluster.owner_node(job_row["owner"]) is survivor
+    assert f"harvest {job_id} wrote shard_{listed[0]:05d}.safetensors" not in log
+    # The killed node's shards are not rewritten.
+    name = f"{prefix}/shard_{listed[0]:05d}.safetensors"
+    assert _bucket(deployment, "modified_at", name) == first_written
+    (part_row,) = cluster.query("SELECT owner, attempt FROM jobs WHERE id = $1", victim_part["id"])
+    assert part_row["attempt"] == 1
+    assert cluster.owner_node(part_row["owner"]) is survivor
     # Every shard charged once: one usage row each, the prompts' tokens in all.
     rows = _rows_when(
         lambda: cluster.query(
