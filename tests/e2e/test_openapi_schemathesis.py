@@ -21,6 +21,7 @@ from schemathesis.specs.openapi.checks import (
 
 from vllm_acs.contract.harvest_request import HARVEST_BODY_LIMIT_BYTES
 from vllm_acs.contract.routes import PUBLIC_NODE_ROUTES, PUBLIC_V1_ROUTES
+from vllm_acs.routes.applications.protocol import APPLICATION_BODY_LIMIT_BYTES
 from vllm_acs.routes.openapi import build_openapi
 from vllm_acs.settings import Settings
 
@@ -39,6 +40,9 @@ POSITIVE, NEGATIVE = GenerationMode.POSITIVE, GenerationMode.NEGATIVE
 LOOM = "/v1/looms/{loom_id}"
 NODE = LOOM + "/nodes/{node_id}"
 KEY = "/v1/keys/{key_id}"
+ADMIN_APPLICATION = "/v1/admin/applications/{application_id}"
+ADMIN_ACCOUNT = "/v1/admin/accounts/{account_id}"
+ADMIN_KEY = "/v1/admin/keys/{key_id}"
 OPERATIONS = [
     ("/v1/completions", "POST", POSITIVE, 40),
     ("/v1/completions", "POST", NEGATIVE, 40),
@@ -89,6 +93,31 @@ OPERATIONS = [
     (KEY, "PATCH", NEGATIVE, 6),
     (KEY, "DELETE", POSITIVE, 5),
     ("/v1/usage", "GET", POSITIVE, 3),
+    # Apply for access: the shared node keeps the form closed (the default), so a submit is a
+    # 404; a claim is read whatever the form (an unknown code: 401).
+    ("/v1/applications/form", "GET", POSITIVE, 2),
+    ("/v1/applications", "POST", POSITIVE, 5),
+    ("/v1/applications/claim", "POST", POSITIVE, 5),
+    ("/v1/applications/claim", "POST", NEGATIVE, 5),
+    # The console, with an admin key.
+    ("/v1/admin/applications", "GET", POSITIVE, 5),
+    ("/v1/admin/applications", "GET", NEGATIVE, 5),
+    (ADMIN_APPLICATION + "/approve", "POST", POSITIVE, 5),
+    (ADMIN_APPLICATION + "/approve", "POST", NEGATIVE, 5),
+    (ADMIN_APPLICATION + "/reject", "POST", POSITIVE, 3),
+    ("/v1/admin/accounts", "GET", POSITIVE, 2),
+    (ADMIN_ACCOUNT, "GET", POSITIVE, 3),
+    (ADMIN_ACCOUNT, "PATCH", POSITIVE, 5),
+    (ADMIN_ACCOUNT, "PATCH", NEGATIVE, 5),
+    ("/v1/admin/keys", "GET", POSITIVE, 5),
+    (ADMIN_KEY, "PATCH", POSITIVE, 5),
+    (ADMIN_KEY, "PATCH", NEGATIVE, 5),
+    (ADMIN_KEY, "DELETE", POSITIVE, 3),
+    ("/v1/admin/usage", "GET", POSITIVE, 8),
+    ("/v1/admin/usage", "GET", NEGATIVE, 5),
+    ("/v1/admin/nodes", "GET", POSITIVE, 2),
+    ("/v1/admin/audit", "GET", POSITIVE, 8),
+    ("/v1/admin/audit", "GET", NEGATIVE, 5),
 ]
 # Reads that reach a real Loom: at least one answer of theirs is a 200.
 LOOM_READS = {(LOOM, "GET"), (LOOM + "/export", "GET"), (NODE, "GET"), (NODE + "/text", "GET")}
@@ -165,6 +194,13 @@ def keys_auth(acs_server) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+@pytest.fixture(scope="session")
+def admin_auth(acs_server) -> dict[str, str]:
+    """An operator's console key (`vllm-acs keys create --scopes admin`)."""
+    key = acs_server.create_key("schemathesis-admin", "--scopes", "admin")
+    return {"Authorization": f"Bearer {key}"}
+
+
 def real_key(base_url: str, auth: dict[str, str]) -> str:
     """A key of the caller's account, made for one operation (a DELETE revokes it)."""
     made = httpx.post(f"{base_url}/v1/keys", json={"name": "target"}, headers=auth, timeout=60)
@@ -174,7 +210,7 @@ def real_key(base_url: str, auth: dict[str, str]) -> str:
 
 @pytest.mark.parametrize(("path", "method", "mode", "examples"), OPERATIONS)
 def test_operation_conforms(
-    api_schema, acs_server, auth, keys_auth, model_id, path, method, mode, examples: int
+    api_schema, acs_server, auth, keys_auth, admin_auth, model_id, path, method, mode, examples: int
 ):
     # Bounded and reproducible: a fixed number of examples, derandomized, on loopback only.
     operation = api_schema[path][method]
@@ -184,7 +220,9 @@ def test_operation_conforms(
     real = real_loom(acs_server.base_url, auth) if "{loom_id}" in path else None
     if path.startswith("/v1/keys"):
         auth = keys_auth
-    target = real_key(acs_server.base_url, auth) if "{key_id}" in path else None
+    target = real_key(acs_server.base_url, keys_auth) if "{key_id}" in path else None
+    if path.startswith("/v1/admin"):
+        auth = admin_auth
 
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(
@@ -231,6 +269,10 @@ def test_operation_conforms(
         assert 200 in statuses and 404 in statuses  # the real key, and generated ids
     if path == "/v1/usage":
         assert set(statuses) == {200}
+    if (path, method) == ("/v1/applications", "POST"):
+        assert set(statuses) <= {400, 404}, statuses  # the shared node's form is closed
+    if path.startswith("/v1/admin") and method == "GET" and mode is POSITIVE:
+        assert {200, 404} & set(statuses), statuses
     if (path, method) in LOOM_READS | MODEL_READS:
         assert 200 in statuses  # the real Loom or model was read, not only 404s
 
@@ -265,6 +307,19 @@ def test_document_covers_the_public_surface(acs_server):
         "/v1/keys",
         KEY,
         "/v1/usage",
+        "/v1/applications",
+        "/v1/applications/form",
+        "/v1/applications/claim",
+        "/v1/admin/applications",
+        ADMIN_APPLICATION + "/approve",
+        ADMIN_APPLICATION + "/reject",
+        "/v1/admin/accounts",
+        ADMIN_ACCOUNT,
+        "/v1/admin/keys",
+        ADMIN_KEY,
+        "/v1/admin/usage",
+        "/v1/admin/nodes",
+        "/v1/admin/audit",
     }
     # Every public route, with each of its methods, is an operation of the document.
     for route in (*PUBLIC_V1_ROUTES, *PUBLIC_NODE_ROUTES):
@@ -344,7 +399,11 @@ def test_document_covers_the_public_surface(acs_server):
 # validated by schemathesis against the operation's documented answers: a body nested 100,000
 # deep, and one a byte over the operation's body limit (the node's defaults).
 DEEP_BODY = b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-BODY_LIMITS = {"/v1/harvest": HARVEST_BODY_LIMIT_BYTES, "/v1/looms/import": 16 * 1024 * 1024}
+BODY_LIMITS = {
+    "/v1/harvest": HARVEST_BODY_LIMIT_BYTES,
+    "/v1/looms/import": 16 * 1024 * 1024,
+    "/v1/applications": APPLICATION_BODY_LIMIT_BYTES,
+}
 
 
 def oversized_body(path: str) -> bytes:
@@ -364,7 +423,7 @@ BODY_OPERATIONS = sorted(
 @pytest.mark.parametrize("kind", ["deep", "oversized"])
 @pytest.mark.parametrize(("path", "method"), BODY_OPERATIONS)
 def test_hostile_bodies_are_refused_as_documented(
-    api_schema, acs_server, auth, keys_auth, path, method, kind
+    api_schema, acs_server, auth, keys_auth, admin_auth, path, method, kind
 ):
     operation = api_schema[path][method]
     ids: dict[str, str] = {}
@@ -374,7 +433,11 @@ def test_hostile_bodies_are_refused_as_documented(
     if path.startswith("/v1/keys"):
         auth = keys_auth
     if "{key_id}" in path:
-        ids = {"key_id": real_key(acs_server.base_url, auth)}
+        ids = {"key_id": real_key(acs_server.base_url, keys_auth)}
+    if path.startswith("/v1/admin"):
+        auth = admin_auth
+        # Made-up ids: the body is refused before any lookup.
+        ids.update({"account_id": "acct_0", "application_id": "app_0"})
     case = operation.Case(path_parameters=ids, body={}, media_type="application/json")
     response = httpx.request(
         method,
@@ -385,4 +448,6 @@ def test_hostile_bodies_are_refused_as_documented(
     )
     case.validate_response(response, checks=CHECKS)
     expected = {"deep": (400, "bad_json"), "oversized": (413, "request_too_large")}[kind]
+    if len(DEEP_BODY) > BODY_LIMITS.get(path, len(DEEP_BODY)):
+        expected = (413, "request_too_large")  # the form's 16 KiB limit answers first
     assert (response.status_code, response.json()["error"]["code"]) == expected, response.text
