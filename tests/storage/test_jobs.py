@@ -498,3 +498,22 @@ def test_a_jobs_parts_are_added_once_fenced_and_cancelled_with_it(database_url: 
         assert await repo.parts_of("job_none") == []
 
     _run(database_url, body)
+
+
+def test_a_queued_part_does_not_expire_while_its_harvest_runs(database_url: str):
+    """A part may wait more than a day behind its harvest's other parts: the queued-job expiry
+    leaves parts alone (their harvest, running, ends them)."""
+
+    async def body(repo: JobRepository, _engine: AsyncEngine) -> None:
+        parent = await repo.submit(new(kind="harvest"), at(0))
+        (claimed,) = await repo.claim_many("node-a", ["tiny"], at(1), 30, ["harvest"], limit=1)
+        assert claimed.id == parent.id
+        part = new(kind="harvest_part", id=f"{parent.id}-p0000", parent_id=parent.id)
+        await repo.add_parts([part], at(2))
+        lonely = await repo.submit(new(key="key_b"), at(2))
+        report = await repo.sweep(at(2 + 25 * 3600))
+        assert report.expired == 1
+        assert (await repo.get(lonely.id)).status is JobStatus.EXPIRED
+        assert (await repo.get(part.id)).status is JobStatus.QUEUED
+
+    _run(database_url, body)

@@ -53,6 +53,9 @@ class _Jobs:
         self.reads += 1
         return self.job if (job_id, key_id) == (JOB.id, JOB.key_id) else None
 
+    async def parts_of(self, parent_id: str) -> list[Job]:
+        return []  # not started: no parts yet
+
 
 class _NoFiles:
     """No manifest yet; every other file reads as present; no URLs of its own."""

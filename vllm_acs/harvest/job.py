@@ -79,6 +79,9 @@ class HarvestJobKind:
             parts = await self.context.jobs.parts_of(job.id)
             failed = [part for part in parts if part.status in _FAILED]
             if failed:
+                now = await self.context.jobs.get(job.id)
+                if stop.is_set() or now is None or now.status != JobStatus.RUNNING:
+                    return Stopped()  # the harvest was cancelled: its parts with it
                 await self.context.jobs.cancel_parts(job.id, _now())
                 return _failure(job, failed[0])
             if len(parts) == len(plans) and all(p.status == JobStatus.SUCCEEDED for p in parts):

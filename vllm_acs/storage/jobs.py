@@ -433,7 +433,13 @@ class JobRepository:
         async with write_transaction(self._engine) as conn:
             expired = await conn.execute(
                 update(jobs)
-                .where(c.status == JobStatus.QUEUED.value, c.created_at < now - queued_ttl)
+                # A part waits its turn behind its harvest's other parts: the harvest, which is
+                # running, decides when it ends.
+                .where(
+                    c.status == JobStatus.QUEUED.value,
+                    c.created_at < now - queued_ttl,
+                    c.parent_id.is_(None),
+                )
                 .values(status=JobStatus.EXPIRED.value, finished_at=now, updated_at=now)
             )
         async with write_transaction(self._engine) as conn:
