@@ -337,6 +337,7 @@ class AcsEndpointPlugin:
             kind_limits={PART_KIND: max(1, settings.harvest_parts_per_node)},
         )
         harvests.wake_runner = self.runner.wake
+        harvests.wait_ended = self.runner.watch.wait_ended
         self.jobs.bind(self.storage, self.runner)
         signer = UrlSigner(load_or_create_secret(settings.url_secret, settings.home))
         self.harvests.bind(self.storage, self.runner, signer)

@@ -6,7 +6,7 @@ API server process (built once by `_entry`, used by the harvest kind and the har
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,8 @@ class HarvestContext:
     on_charged: Callable[[UsageRow], None] | None = None
     # Wakes this node's job runner (parts were queued: claim them now, not at the next poll).
     wake_runner: Callable[[], None] = lambda: None
+    # Waits until a job ends (the runner's watch: at once for a job this node ends), or None.
+    wait_ended: Callable[[str, float], Awaitable[bool]] | None = None
     _gate: BatchGate | None = None
     _input: tuple[str, HarvestInput] | None = None
 

@@ -86,11 +86,8 @@ class HarvestJobKind:
                 return _failure(job, failed[0])
             if len(parts) == len(plans) and all(p.status == JobStatus.SUCCEEDED for p in parts):
                 break
-            try:
-                await asyncio.wait_for(stop.wait(), self.poll_s)
+            if await self._stopped_or_part_ended(parts, stop):
                 return Stopped()  # cancelled (its parts were too), or the server is stopping
-            except TimeoutError:
-                pass
         try:
             manifest = await merge_parts(
                 self.context.files, job.id, plans, self._manifest(job, request)
@@ -104,6 +101,22 @@ class HarvestJobKind:
             json.dumps(_result(manifest, parts, time.perf_counter() - started)),
             None,
         )
+
+    async def _stopped_or_part_ended(self, parts: list[Job], stop: asyncio.Event) -> bool:
+        """Waits up to `poll_s` for a running part to end (at once when it ends on this node,
+        through the runner's watch) or for `stop`; True when stopped."""
+        waits = [asyncio.ensure_future(stop.wait())]
+        wait_ended = self.context.wait_ended
+        if wait_ended is not None:
+            running = [part.id for part in parts if part.status == JobStatus.RUNNING]
+            waits += [asyncio.ensure_future(wait_ended(id_, self.poll_s)) for id_ in running]
+        try:
+            await asyncio.wait(waits, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        return stop.is_set()
 
     async def _queue_parts(self, job: Job, plans: list[PartPlan]) -> None:
         parts = [
