@@ -72,10 +72,16 @@ def workbench_url(acs_server) -> str:
 
 
 @pytest.fixture
-def open_page(browser, acs_server) -> Iterator[Callable[..., WatchedPage]]:
+def page_origin(acs_server) -> str:
+    """The node the pages talk to; a module with a node of its own overrides this fixture."""
+    return acs_server.base_url
+
+
+@pytest.fixture
+def open_page(browser, page_origin) -> Iterator[Callable[..., WatchedPage]]:
     """open_page(context=None) -> a watched page in a new browser context (or in `context`)."""
     opened: list[tuple[object, WatchedPage]] = []
-    origin = acs_server.base_url
+    origin = page_origin
 
     def open_one(context: object | None = None, **context_options: object) -> WatchedPage:
         own = context is None

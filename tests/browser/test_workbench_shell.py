@@ -95,8 +95,13 @@ def test_sign_in_keeps_the_key_for_the_tab_and_sign_out_forgets_it(
     assert page.evaluate("() => localStorage.getItem('vllm-acs.api-key')") is None
     assert api_key not in page.url
     assert api_key not in page.content()  # the page shows a prefix only
-    # Every API call the page made carried the key and the interactive workload.
+    # Every API call the page made carried the key and the interactive workload, but the
+    # sign-in page's question whether applications are open, which answers without a key.
     calls = [r for r in watched.requests if "/v1/" in r.url]
+    keyless = [r for r in calls if "/v1/applications/" in r.url]
+    assert [r.url.split("/v1/")[1] for r in keyless] == ["applications/form"]
+    assert "authorization" not in keyless[0].headers
+    calls = [r for r in calls if r not in keyless]
     assert calls
     for call in calls:
         assert call.headers["authorization"] == f"Bearer {api_key}"

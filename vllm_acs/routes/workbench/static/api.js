@@ -5,8 +5,9 @@
 const WORKLOAD_HEADER = "X-Acs-Workload";
 
 export class ApiError extends Error {
-  constructor({ status = 0, code = "network_error", message, requestId = null, retryAfter = null }) {
+  constructor({ status = 0, code = "network_error", message, requestId = null, retryAfter = null, param = null }) {
     super(message);
+    this.param = param;
     this.name = "ApiError";
     this.status = status;
     this.code = code;
@@ -31,7 +32,9 @@ export function isAbort(error) {
 }
 
 function headersFor(key, extra = {}) {
-  const headers = { Authorization: `Bearer ${key}`, [WORKLOAD_HEADER]: "interactive", ...extra };
+  const headers = { [WORKLOAD_HEADER]: "interactive", ...extra };
+  // A client without a key calls only the routes that answer without one (the application form).
+  if (key) headers.Authorization = `Bearer ${key}`;
   return headers;
 }
 
@@ -51,6 +54,7 @@ async function errorFrom(response) {
     message: envelope.message || response.statusText || "The node answered an error.",
     requestId,
     retryAfter,
+    param: envelope.param ?? null,
   });
 }
 
@@ -59,7 +63,7 @@ function networkError(error) {
   return new ApiError({ message: `The node could not be reached: ${error.message}` });
 }
 
-/** An API client bound to one key. */
+/** An API client bound to one key (or to none: `createClient(null)`, for the keyless routes). */
 export function createClient(key) {
   async function send(method, path, { body, signal, headers = {} } = {}) {
     const init = { method, headers: headersFor(key, headers), signal };
@@ -83,6 +87,12 @@ export function createClient(key) {
     if (response.status === 204) return null;
     const text = await response.text();
     return text ? JSON.parse(text) : null;
+  }
+
+  /** A text call (a CSV export): the answer's text. */
+  async function requestText(method, path, options = {}) {
+    const response = await send(method, path, options);
+    return response.text();
   }
 
   /**
@@ -132,7 +142,7 @@ export function createClient(key) {
     return { requestId };
   }
 
-  return { key, request, stream };
+  return { key, request, requestText, stream };
 }
 
 function parseEvent(raw) {

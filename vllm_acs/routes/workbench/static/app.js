@@ -4,6 +4,7 @@
 //   #/loom/<id>   one Loom                              loom.js
 //   #/dashboard   the account's keys                    dashboard.js
 //   #/usage       this key's budgets and tokens         usage.js
+//   #/console/<section>[/<account>]  the operator's console (admin keys)  console.js
 // A view module exports mount(main, context) and may return {unmount()}; context holds the API
 // client, the models (default first), the route's parameters and navigate(hash).
 
@@ -11,6 +12,7 @@ import { ApiError } from "./api.js";
 import { checkKey, forgetKey, keyLabel, renderSignIn, storedKey } from "./session.js";
 
 const VIEWS = [
+  { pattern: /^#\/console(?:\/([a-z]+)(?:\/([^/]+))?)?\/?$/, name: "console", load: () => import("./console.js") },
   { pattern: /^#\/dashboard\/?$/, name: "dashboard", load: () => import("./dashboard.js") },
   { pattern: /^#\/usage\/?$/, name: "usage", load: () => import("./usage.js") },
   { pattern: /^#\/loom\/([^/]+)$/, name: "loom", load: () => import("./loom.js") },
@@ -19,7 +21,7 @@ const VIEWS = [
 ];
 
 const main = document.getElementById("main");
-let session = null; // {client, models}
+let session = null; // {client, models, admin}
 let current = null; // the mounted view's {unmount}
 let navigations = 0; // counts route() calls: only the newest may mount
 
@@ -40,6 +42,8 @@ function showSignedIn(signedIn) {
   document.getElementById("main-nav").hidden = !signedIn;
   document.getElementById("account").hidden = !signedIn;
   document.getElementById("key-label").textContent = signedIn ? `Key ${keyLabel(session.client.key)}` : "";
+  // The console's link only for a key with the `admin` scope (its routes refuse any other key).
+  document.getElementById("console-link").hidden = !(signedIn && session.admin);
 }
 
 function markCurrentLink(name) {
@@ -82,8 +86,10 @@ async function route() {
 }
 
 function signedIn(result) {
-  session = { client: result.client, models: sortModels(result.models) };
+  session = { client: result.client, models: sortModels(result.models), admin: Boolean(result.admin) };
   showSignedIn(true);
+  // A key just claimed opens on the keys page, where its secret is shown once.
+  if (result.created && location.hash !== "#/dashboard") history.replaceState(null, "", "#/dashboard");
   route();
 }
 
@@ -113,7 +119,7 @@ async function start() {
     forgetKey();
     renderSignIn(main, signedIn);
     if (error instanceof ApiError) {
-      const alert = main.querySelector("[role=alert]");
+      const alert = document.getElementById("sign-in-error");
       alert.textContent = error.describe();
       alert.hidden = false;
     }

@@ -1,9 +1,11 @@
 // The Dashboard (#/dashboard): the account's keys with this month's spend, Create key (its secret
 // shown once, with a copy button), Pause, Resume, and Revoke (confirmed first). A key without
-// the `keys` scope sees only itself (GET /v1/keys answers it 403 scope_denied).
+// the `keys` scope sees only itself (GET /v1/keys answers it 403 scope_denied). A key just claimed
+// with a claim code (apply.js) has its secret shown here once, above the rest.
 
 import { ApiError, describeError } from "./api.js";
 import { el, formatTime } from "./dom.js";
+import { takeCreatedKey } from "./session.js";
 
 const NUMBER = new Intl.NumberFormat();
 const BUDGETS = [
@@ -26,9 +28,17 @@ export function mount(main, context) {
   const status = el("p", { class: "hint", role: "status" });
   const body = el("div", { class: "dashboard-body" });
   const dialog = el("dialog", { class: "confirm card", "aria-labelledby": "confirm-title" });
+  const claimed = el("div", { class: "new-key", hidden: true });
   main.replaceChildren(
-    el("div", { class: "account-page" }, el("h1", {}, "Dashboard"), alert, status, body, dialog),
+    el("div", { class: "account-page" }, el("h1", {}, "Dashboard"), alert, status, claimed, body, dialog),
   );
+  const created = takeCreatedKey();
+  if (created) {
+    showSecret(claimed, created, {
+      title: "Your application was approved: this is your first API key",
+      lost: "if you lose it, ask the operator for a new one.",
+    });
+  }
 
   function showError(error) {
     alert.textContent = describeError(error);
@@ -205,7 +215,9 @@ export function mount(main, context) {
     return form;
   }
 
-  function showSecret(result, created) {
+  function showSecret(result, created, shown = {}) {
+    const title = shown.title ?? `New key${created.name ? `: ${created.name}` : ""}`;
+    const lost = shown.lost ?? "if you lose it, revoke it and create another.";
     const secret = el("input", {
       id: "new-key-secret",
       type: "text",
@@ -233,11 +245,11 @@ export function mount(main, context) {
       "Copy",
     );
     result.replaceChildren(
-      el("h3", {}, `New key${created.name ? `: ${created.name}` : ""}`),
+      el("h3", {}, title),
       el(
         "p",
         { class: "warning", role: "note" },
-        "Copy this key now: it will not be shown again. Only a hash of it is kept; if you lose it, revoke it and create another.",
+        `Copy this key now: it will not be shown again. Only a hash of it is kept; ${lost}`,
       ),
       el("div", { class: "secret-row" }, el("label", { for: secret.id }, "New API key"), secret, copy, copied),
       el("button", { type: "button", onclick: () => { result.hidden = true; result.replaceChildren(); } }, "Done"),
