@@ -7,6 +7,7 @@ Usage chart and meters change after a run.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -131,6 +132,16 @@ def test_dashboard_create_copy_sign_in_pause_resume_revoke_and_usage(
     )
     account = page.get_by_role("meter", name="Monthly tokens (whole account)")
     expect(account).to_have_attribute("aria-valuetext", re.compile(r"of 90,000$"))
+    # Download CSV: the same per-day rows, in the console export's column names.
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download CSV").click()
+    assert download.value.suggested_filename == f"usage-{usage['period']}.csv"
+    exported = Path(download.value.path()).read_text(encoding="utf-8").splitlines()
+    assert exported == [
+        "date,model,requests,prompt_tokens,completion_tokens,activation_requests",
+        f"{day['date']},{MODEL},{day['requests']},{day['prompt_tokens']},"
+        f"{day['completion_tokens']},{day['activation_requests']}",
+    ]
     screenshot(first, "usage-after-a-run", full_page=True)
     assert axe_violations(first) == []
 

@@ -46,6 +46,7 @@ def test_the_console_pauses_a_key_sets_a_budget_and_audits_it(
     lab.page.goto(workbench_url)
     expect(lab.page.get_by_role("button", name="I have a claim code")).to_be_visible()
     expect(lab.page.get_by_role("button", name="Apply for access")).to_have_count(0)
+    screenshot(lab, "sign-in-applications-closed")
     sign_in(lab, workbench_url, record["key"])
     lab_nav = lab.page.get_by_role("navigation", name="Main")
     expect(lab_nav.get_by_role("link", name="Dashboard")).to_be_visible()

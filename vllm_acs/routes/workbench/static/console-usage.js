@@ -52,6 +52,7 @@ export async function mount(box, context) {
   );
   const exportButton = el("button", { type: "button" }, "Download CSV");
   const totals = el("dl", { class: "usage-totals" });
+  const summaryTitle = el("h3", { id: "usage-summary-title" }, "Tokens in the month");
   const tableBox = el("div", { class: "table-scroll" });
   let grouping = GROUPS[0];
   let rows = [];
@@ -72,7 +73,7 @@ export async function mount(box, context) {
     el(
       "section",
       { class: "card", "aria-labelledby": "usage-summary-title" },
-      el("div", { class: "card-head" }, el("h3", { id: "usage-summary-title" }, "Tokens this month"), el("div", { class: "segmented", role: "group", "aria-label": "Group by" }, groupButtons)),
+      el("div", { class: "card-head" }, summaryTitle, el("div", { class: "segmented", role: "group", "aria-label": "Group by" }, groupButtons)),
       totals,
       tableBox,
     ),
@@ -87,6 +88,7 @@ export async function mount(box, context) {
 
   function draw() {
     for (const button of groupButtons) button.setAttribute("aria-pressed", String(button.dataset.group === grouping.name));
+    summaryTitle.textContent = `Tokens in ${month.value} (UTC)`;
     const groups = summed(rows, grouping);
     const all = groups.reduce((sum, g) => sum + g.prompt + g.completion, 0);
     const requests = groups.reduce((sum, g) => sum + g.requests, 0);

@@ -1,9 +1,12 @@
 // Usage (#/usage): the signed-in key's budget meters (spent, held by requests in flight,
 // remaining, resets at), refreshed every few seconds while the page is open, its traffic now,
 // and a chart of this month's tokens per UTC day, one series per model, drawn here as SVG.
+// Download CSV saves those per-day rows, in the columns of the console's export (GET
+// /v1/admin/usage?format=csv) that a key's own usage has.
 
 import { describeError } from "./api.js";
 import { el, formatTime } from "./dom.js";
+import { download } from "./loom-files.js";
 
 const REFRESH_MS = 5000;
 const NUMBER = new Intl.NumberFormat();
@@ -184,6 +187,20 @@ function dayTable(usage) {
   );
 }
 
+const CSV_COLUMNS = ["date", "model", "requests", "prompt_tokens", "completion_tokens", "activation_requests"];
+
+function csvField(value) {
+  const text = value === null || value === undefined ? "" : String(value);
+  return /[",\n\r]/.test(text) ? `"${text.replaceAll('"', '""')}"` : text;
+}
+
+/** This month's per-day rows as CSV: a header line, then one line per day and model. */
+export function usageCsv(usage) {
+  const lines = [CSV_COLUMNS.join(",")];
+  for (const day of usage.days) lines.push(CSV_COLUMNS.map((column) => csvField(day[column])).join(","));
+  return `${lines.join("\n")}\n`;
+}
+
 function traffic(usage) {
   const t = usage.traffic;
   return el(
@@ -203,6 +220,8 @@ export function mount(main, context) {
   const alert = el("p", { class: "error", role: "alert", hidden: true });
   const updated = el("span", { class: "hint", role: "status" });
   const refresh = el("button", { type: "button", onclick: () => load() }, "Refresh");
+  const exportButton = el("button", { type: "button", disabled: true }, "Download CSV");
+  exportButton.addEventListener("click", () => shown && download(`usage-${shown.period}.csv`, usageCsv(shown), "text/csv"));
   const meters = el("div", { class: "meters" });
   const trafficBox = el("div");
   const chartBox = el("div");
@@ -211,7 +230,7 @@ export function mount(main, context) {
     el(
       "div",
       { class: "account-page" },
-      el("div", { class: "page-head" }, el("h1", {}, "Usage"), refresh, updated),
+      el("div", { class: "page-head" }, el("h1", {}, "Usage"), refresh, exportButton, updated),
       alert,
       el(
         "div",
@@ -250,6 +269,7 @@ export function mount(main, context) {
       meters.replaceChildren(...usage.budgets.map(meter), meter(usage.activation_requests));
       trafficBox.replaceChildren(traffic(usage));
       shown = usage;
+      exportButton.disabled = false;
       drawChart();
       tableBox.replaceChildren(dayTable(usage));
       updated.textContent = `Updated ${new Date().toLocaleTimeString()}`;
