@@ -98,6 +98,19 @@ def test_the_console_pauses_a_key_sets_a_budget_and_audits_it(
         "aria-valuetext", re.compile(r"of 77,777$")
     )
 
+    # Suspend (confirmed first): every key of the account is refused; Resume lifts it.
+    account_row.get_by_role("button", name=f"Suspend {ACCOUNT}").click()
+    page.get_by_role("dialog", name=f"Suspend {ACCOUNT}?").get_by_role(
+        "button", name="Suspend account"
+    ).click()
+    expect(account_row).to_contain_text("suspended")
+    refused = httpx.get(f"{acs_server.base_url}/v1/models", headers=researcher, timeout=30)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (401, "account_suspended")
+    account_row.get_by_role("button", name=f"Resume {ACCOUNT}").click()
+    expect(account_row).to_contain_text("approved")
+    resumed = httpx.get(f"{acs_server.base_url}/v1/models", headers=researcher, timeout=30)
+    assert resumed.status_code == 200
+
     # Usage across accounts: the researcher's requests by account and key, and the CSV export.
     sections.get_by_role("link", name="Usage").click()
     page.get_by_label("Account", exact=True).select_option(label=ACCOUNT)
@@ -137,17 +150,27 @@ def test_the_console_pauses_a_key_sets_a_budget_and_audits_it(
     screenshot(watched, "console-nodes", full_page=True)
     assert axe_violations(watched) == []
 
-    # Audit log: each action above, by this admin key, on the researcher's account.
+    # Audit log: each action above, by this admin key, on the researcher's account, newest first.
     sections.get_by_role("link", name="Audit log").click()
     page.get_by_label("Account", exact=True).select_option(label=ACCOUNT)
     page.get_by_label("Actor").fill(operator_id)
     page.get_by_role("button", name="Filter").click()
-    log = page.get_by_role("table", name=re.compile("Audit log: 3 events"))
-    for action in ("Key paused", "Key resumed", "Account changed"):
+    log = page.get_by_role("table", name=re.compile("Audit log: 5 events"))
+    for action in ("Key paused", "Key resumed"):
         expect(log.get_by_role("row", name=re.compile(action))).to_contain_text(operator_id)
-    expect(log.get_by_role("row", name=re.compile("Account changed"))).to_contain_text(
-        "monthly_tokens: 77777"
-    )
+    changed = log.get_by_role("row", name=re.compile("Account changed"))
+    expect(changed).to_have_count(3)
+    for row, text in zip(
+        changed.all(),
+        (
+            "status: approved (was suspended)",
+            "status: suspended (was approved)",
+            "monthly_tokens: 77777 (was none)",
+        ),
+        strict=True,
+    ):  # newest first
+        expect(row).to_contain_text(operator_id)
+        expect(row).to_contain_text(text)
     page.get_by_label("Action").select_option(label="Key paused")
     expect(page.get_by_role("table", name=re.compile("Audit log: 1 event,"))).to_contain_text(
         record["id"]

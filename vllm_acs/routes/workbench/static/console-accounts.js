@@ -1,6 +1,7 @@
 // Console: Accounts. Status, this month's spend against the monthly total, the spend cap, the
-// count of keys; Suspend / Resume (or Approve a pending one), Budget (the monthly total and the
-// spend cap), and a link to the account's keys.
+// count of keys; Suspend / Resume (or Approve a pending one, confirmed first: an application's
+// account is better approved in Applications), Budget (the monthly total and the spend cap),
+// and a link to the account's keys.
 
 import { describeError } from "./api.js";
 import { el, formatTime } from "./dom.js";
@@ -48,7 +49,7 @@ export function mount(box, context) {
     } else if (account.status === "suspended") {
       actions.append(el("button", { type: "button", "aria-label": `Resume ${name}`, onclick: () => setStatus(account, "approved") }, "Resume"));
     } else if (account.status === "pending") {
-      actions.append(el("button", { type: "button", "aria-label": `Approve ${name}`, onclick: () => setStatus(account, "approved") }, "Approve"));
+      actions.append(el("button", { type: "button", "aria-label": `Approve ${name}`, onclick: () => approve(account) }, "Approve"));
     }
     actions.append(
       el("button", { type: "button", "aria-label": `Budget of ${name}`, onclick: () => editBudget(account) }, "Budget"),
@@ -89,9 +90,17 @@ export function mount(box, context) {
     if (sure) await patch(account, { status: "suspended" }, `${account.name} is suspended.`);
   }
 
+  async function approve(account) {
+    const sure = await confirmAction(dialog, {
+      title: `Approve ${account.name}?`,
+      text: "Its keys may then be used. An account made by an application is better approved in Applications: that approves the application too, so the applicant can claim a key.",
+      confirm: "Approve account",
+    });
+    if (sure) await patch(account, { status: "approved" }, `${account.name} is approved.`);
+  }
+
   function setStatus(account, value) {
-    const verb = account.status === "pending" ? "approved" : "active again";
-    return patch(account, { status: value }, `${account.name} is ${verb}.`);
+    return patch(account, { status: value }, `${account.name} is active again.`);
   }
 
   async function editBudget(account) {
