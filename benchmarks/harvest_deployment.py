@@ -20,7 +20,8 @@ single pair's figures by several times, so each round is shown and the ratio is 
 The harvest: N prompts (VLLM_ACS_BENCH_HARVEST_PROMPTS, default 192) of 128 random token ids
 (fixed seed), shard_size 8, every layer of the model (all 4 of the tiny model's: the heaviest
 capture). The nodes keep their defaults otherwise: parts of `harvest_part_shards` (4) shards, at
-most `harvest_parts_per_node` (2) parts at once on a node, `harvest_prompts_in_flight` (8)
+most `harvest_parts_per_node` (1 now; 2 when the figures below were measured) parts at once on a
+node, `harvest_prompts_in_flight` (8)
 prompts in a node's engine at once whatever the part; so 192 prompts make 24 shards in 6 parts.
 
 Each harvest: its wall time and prompt tokens/s as the harvest times itself (`result.timings`:
@@ -69,8 +70,9 @@ m + c. The tail: the last round has P mod N parts (when not 0), so N - (P mod N)
 for its S/r. Here: P = 6, N = 2: 6/3 = 2.0x; N = 3: 3.0x; N = 4: 6/2 = 3.0x (the last round's 2
 parts on 4 nodes: 75% of 4x). A corpus of 10,000 such prompts in shards of 8 is 1,250 shards,
 which make 250 parts of 5 (at most 256 parts): 4 nodes, 250/63 = 3.97x; 8 nodes, 250/32 =
-7.8x. The spread is not always the best one: a node runs up to `harvest_parts_per_node` (k =
-2) parts at once, which share its engine and so end together, and it claims the next part as
+7.8x. The spread was not always the best one with `harvest_parts_per_node` k = 2 (the default
+when measured below; 1 since): a node ran up to k parts at once, which share its engine and
+so end together, and it claims the next part as
 soon as one of its own ends, before the other nodes' next poll. The node whose parts end first
 (the first to claim, by up to a poll) therefore takes the last k parts when k or fewer are
 left: P = 6, N = 2 splits 4 + 2 rather than 3 + 3, so t2 = 4 x S/r, 6/4 = 1.5x rather than

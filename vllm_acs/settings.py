@@ -124,7 +124,7 @@ class Settings:
     # more than 256 parts), which any node of its model claims; a node runs at most
     # `harvest_parts_per_node` parts at once (its prompts in flight shared among them).
     harvest_part_shards: int = 4
-    harvest_parts_per_node: int = 2
+    harvest_parts_per_node: int = 1
     harvest_capacity: int = 4
     harvest_monthly_quota: int | None = None
     harvest_long_polls: int = 64

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.e2e
 N_PROMPTS, SHARD_SIZE = 240, 4
 N_SHARDS = N_PROMPTS // SHARD_SIZE
 KILL_AFTER_SHARDS = 3
-# The parts of its 60 shards (the defaults): 4 shards each, 2 running at a time on the node.
-PART_SHARDS, PARTS_PER_NODE = 4, 2
+# The parts of its 60 shards (the defaults): 4 shards each, 1 running at a time on the node.
+PART_SHARDS, PARTS_PER_NODE = 4, 1
 
 
 # Two prompts in the engine at a time: the harvest takes seconds, the kill lands inside.
