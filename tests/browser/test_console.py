@@ -171,9 +171,9 @@ def test_the_console_pauses_a_key_sets_a_budget_and_audits_it(
     ):  # newest first
         expect(row).to_contain_text(operator_id)
         expect(row).to_contain_text(text)
+    screenshot(watched, "console-audit", full_page=True)
     page.get_by_label("Action").select_option(label="Key paused")
     expect(page.get_by_role("table", name=re.compile("Audit log: 1 event,"))).to_contain_text(
         record["id"]
     )
-    screenshot(watched, "console-audit", full_page=True)
     assert axe_violations(watched) == []
