@@ -65,21 +65,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.e2e.shared_nodes import shared_nodes
+from benchmarks._deployment import deployment, node_count, stop_on_sigterm
 from tests.harness import MODEL_ID, ServerProcess
 from tests.nginx import running_nginx
 
@@ -89,10 +86,8 @@ MAX_TOKENS = int(os.environ.get("VLLM_ACS_BENCH_MAX_TOKENS", "1"))
 BUDGET = int(os.environ.get("VLLM_ACS_BENCH_BUDGET", "300"))
 BUDGET_REQUESTS = int(os.environ.get("VLLM_ACS_BENCH_BUDGET_REQUESTS", "64"))
 BUDGET_MAX_TOKENS = 8
-NODE_GIB = float(os.environ.get("VLLM_ACS_BENCH_NODE_GIB", "2.5"))
-# What the rest of the machine (the services, other test runs) is left at least.
-HEADROOM_GIB = 4.0
 WARMUP = 16
+NODE_ENV = {"VLLM_ACS_GPU_SHAPE": "cpu-test"}
 OTHER_ID = "tiny-other"
 OTHER_NODE = ({"VLLM_ACS_MODEL_ID": OTHER_ID}, ["--served-model-name", f"vllm-acs/{OTHER_ID}"])
 LLAMA_NODE: tuple[dict[str, str], list[str]] = ({}, [])
@@ -320,20 +315,6 @@ def _requests_answered(node: ServerProcess) -> float:
     return node.metric("acs_requests_total")
 
 
-def _meminfo_gib(field_name: str = "MemAvailable") -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith(f"{field_name}:"):
-            return int(line.split()[1]) / 2**20
-    return 0.0
-
-
-def node_count() -> int:
-    forced = os.environ.get("VLLM_ACS_BENCH_NODES", "")
-    if forced in ("2", "3"):
-        return int(forced)
-    return 3 if _meminfo_gib() >= 3 * NODE_GIB + HEADROOM_GIB else 2
-
-
 @dataclass
 class Run:
     nodes: int
@@ -341,18 +322,6 @@ class Run:
     # Requests nodes 1 and 2 each answered during (b), its warm-up included (/metrics's counter).
     spread: list[float]
     budget: BudgetResult
-
-
-@contextlib.contextmanager
-def _deployment(
-    model_dir: Path, home: Path, per_node: list[tuple[dict[str, str], list[str]]]
-) -> Iterator[tuple[list[ServerProcess], str]]:
-    home.mkdir(parents=True)
-    started = time.monotonic()
-    env = {"VLLM_ACS_GPU_SHAPE": "cpu-test"}
-    with shared_nodes(model_dir, home, env, per_node=per_node) as (nodes, database_url):
-        print(f"  {len(nodes)} nodes up in {time.monotonic() - started:.0f} s", flush=True)
-        yield nodes, database_url
 
 
 def _balanced(
@@ -385,7 +354,7 @@ def measure() -> Run:
         model_dir = write_tiny_model(root / "tiny-llama")
         if count == 3:
             per_node = [LLAMA_NODE, LLAMA_NODE, OTHER_NODE]
-            with _deployment(model_dir, root / "home", per_node) as (nodes, database_url):
+            with deployment(model_dir, root / "home", NODE_ENV, per_node) as (nodes, database_url):
                 urls = [n.base_url for n in nodes[:2]]
                 with running_nginx(urls, root / "nginx", NGINX_READ_TIMEOUT_S) as proxy:
                     secret = _throughput_key(nodes[0])
@@ -395,14 +364,14 @@ def measure() -> Run:
             return Run(3, phases, spread, budget)
         # Two nodes at a time: the balanced deployment, then one node of each model.
         per_node = [LLAMA_NODE, LLAMA_NODE]
-        with _deployment(model_dir, root / "home", per_node) as (nodes, database_url):
+        with deployment(model_dir, root / "home", NODE_ENV, per_node) as (nodes, database_url):
             urls = [n.base_url for n in nodes]
             with running_nginx(urls, root / "nginx", NGINX_READ_TIMEOUT_S) as proxy:
                 secret = _throughput_key(nodes[0])
                 spread = _balanced(nodes, proxy.base_url, secret, phases)
                 budget = run_budget(nodes, proxy.base_url, database_url)
         per_node = [LLAMA_NODE, OTHER_NODE]
-        with _deployment(model_dir, root / "home-forwarding", per_node) as (nodes, _):
+        with deployment(model_dir, root / "home-forwarding", NODE_ENV, per_node) as (nodes, _):
             secret = _throughput_key(nodes[0])
             phases["a2"] = run_phase(
                 "(a') direct, node 1 (2nd deployment)", nodes[0].base_url, secret, MODEL_ID
@@ -455,18 +424,8 @@ def report(run: Run) -> bool:
     return exact
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so every `finally` stops its nodes and nginx."""
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, interrupt)
-
-
 def main() -> None:
-    _stop_on_sigterm()
+    stop_on_sigterm()
     if not report(measure()):
         raise SystemExit(1)
 

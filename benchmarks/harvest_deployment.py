@@ -136,17 +136,13 @@ and each shard was charged once.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import secrets
-import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,7 +150,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tests.e2e.shared_nodes import Cluster, node_logs, shared_nodes
+from benchmarks._deployment import deployment, node_count, stop_on_sigterm
+from tests.e2e.shared_nodes import Cluster, node_logs
 from tests.harness import MODEL_ID, ServerProcess
 from tests.nginx import running_nginx
 from tests.reference import BATCH_ROUNDING_TOLERANCE, assert_rows_close, row_errors
@@ -167,9 +164,6 @@ SHARD_SIZE = 8
 LAYERS = "all"
 WARMUP_PROMPTS = 2 * SHARD_SIZE * 4  # two parts of the node's default part size
 WARMUP_COMPLETIONS = 4
-NODE_GIB = float(os.environ.get("VLLM_ACS_BENCH_NODE_GIB", "2.5"))
-# What the rest of the machine (the services, other test runs) is left at least.
-HEADROOM_GIB = 4.0
 OTHER_ID = "tiny-other"
 OTHER_NODE = ({"VLLM_ACS_MODEL_ID": OTHER_ID}, ["--served-model-name", f"vllm-acs/{OTHER_ID}"])
 LLAMA_NODE: tuple[dict[str, str], list[str]] = ({}, [])
@@ -344,31 +338,6 @@ def _key(node: ServerProcess) -> str:
     )
 
 
-def _meminfo_gib(field_name: str = "MemAvailable") -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith(f"{field_name}:"):
-            return int(line.split()[1]) / 2**20
-    return 0.0
-
-
-def node_count() -> int:
-    forced = os.environ.get("VLLM_ACS_BENCH_NODES", "")
-    if forced in ("2", "3"):
-        return int(forced)
-    return 3 if _meminfo_gib() >= 3 * NODE_GIB + HEADROOM_GIB else 2
-
-
-@contextlib.contextmanager
-def _deployment(
-    model_dir: Path, home: Path, env: dict[str, str], per_node: list[Any]
-) -> Iterator[tuple[list[ServerProcess], str]]:
-    home.mkdir(parents=True)
-    started = time.monotonic()
-    with shared_nodes(model_dir, home, env, per_node=per_node) as (nodes, database_url):
-        print(f"  {len(nodes)} node(s) up in {time.monotonic() - started:.0f} s", flush=True)
-        yield nodes, database_url
-
-
 @dataclass
 class Run:
     nodes: int
@@ -412,7 +381,7 @@ def measure(root: Path) -> Run:
     name_b = "(b) tiny-other, node 3"
     if count == 3:
         per_node = [LLAMA_NODE, LLAMA_NODE, OTHER_NODE]
-        with _deployment(model_dir, root / "home", env, per_node) as (nodes, database_url):
+        with deployment(model_dir, root / "home", env, per_node) as (nodes, database_url):
             cluster = Cluster.of(nodes, database_url)
             labels = {n.base_url: f"node {i + 1}" for i, n in enumerate(nodes)}
             with running_nginx(
@@ -429,7 +398,7 @@ def measure(root: Path) -> Run:
         return Run(3, a, b, time.monotonic() - began)
     # Two nodes at a time: the two tiny-llama nodes, then the tiny-other node alone.
     per_node = [LLAMA_NODE, LLAMA_NODE]
-    with _deployment(model_dir, root / "home", env, per_node) as (nodes, database_url):
+    with deployment(model_dir, root / "home", env, per_node) as (nodes, database_url):
         cluster = Cluster.of(nodes, database_url)
         labels = {n.base_url: f"node {i + 1}" for i, n in enumerate(nodes)}
         with running_nginx(
@@ -442,7 +411,7 @@ def measure(root: Path) -> Run:
                 _measured(f"{name_a} #{n + 1}", llama, secret, _target(root, "a", n))
                 for n in range(ROUNDS)
             ]
-    with _deployment(model_dir, root / "home-other", env, [OTHER_NODE]) as (nodes, db_url):
+    with deployment(model_dir, root / "home-other", env, [OTHER_NODE]) as (nodes, db_url):
         cluster = Cluster.of(nodes, db_url)
         labels = {nodes[0].base_url: "node 3"}
         secret = _key(nodes[0])
@@ -666,18 +635,8 @@ def report(run: Run) -> bool:
     return passed
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so every `finally` stops its nodes and nginx."""
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, interrupt)
-
-
 def main() -> None:
-    _stop_on_sigterm()
+    stop_on_sigterm()
     with tempfile.TemporaryDirectory() as tmp:
         passed = report(measure(Path(tmp)))
     if not passed:
