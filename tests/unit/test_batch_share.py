@@ -69,98 +69,43 @@ def test_live_traffic_counts_until_a_quiet_spell():
     assert not live.active()
 
 
-def _enter(gate: BatchGate) -> None:
-    """What `slot()` does once `may_start()` says yes (the unit tests drive the clock)."""
-    assert gate.may_start()
-    gate._started()
-
-
-def test_beside_live_traffic_the_gate_runs_bursts_and_rests_for_its_share_of_the_time():
+def test_the_gate_keeps_a_share_beside_live_traffic_and_full_width_without():
     clock = Clock()
     live = LiveTraffic(clock)
-    gate = BatchGate(live, 4, share=0.25)
+    gate = BatchGate(live, 8)
+    assert gate.limit() == 8
     live.started()
-    # A burst: up to the full width at once...
-    for _ in range(4):
-        _enter(gate)
-    assert not gate.may_start()
-    clock.now += 0.1
-    gate._ended()
-    # ...not refilled as its requests end.
-    assert not gate.may_start()
-    for _ in range(3):
-        gate._ended()
-    # It took 0.1 s: it rests three times as long (a quarter of the time is its share).
-    assert gate.resting_for() == pytest.approx(0.3)
-    assert not gate.may_start()
-    clock.now += 0.29
-    assert not gate.may_start()
-    clock.now += 0.02
-    assert gate.may_start()
-    # The next burst is measured on its own.
-    _enter(gate)
-    clock.now += 0.2
-    gate._ended()
-    assert gate.resting_for() == pytest.approx(0.6)
+    assert gate.limit() == 2  # a quarter, never starved
+    assert BatchGate(live, 1).limit() == 1
+    assert BatchGate(live, 3).limit() == 1
 
 
-def test_without_live_traffic_the_gate_refills_to_its_width_and_a_rest_ends():
-    clock = Clock()
-    live = LiveTraffic(clock)
-    gate = BatchGate(live, 2)
-    for _ in range(2):
-        _enter(gate)
-    assert not gate.may_start()  # the width holds whatever the traffic
-    gate._ended()
-    assert gate.may_start()  # refilled at once on a quiet node
-    _enter(gate)
-    # Live traffic starts while the batch runs: it drains, then rests for its share.
-    live.started()
-    clock.now += 1.0
-    gate._ended()
-    gate._ended()
-    assert gate.resting_for() > 0 and not gate.may_start()
-    # The live traffic ends: the rest ends with it.
-    live.ended()
-    clock.now += LIVE_QUIET_S
-    assert gate.may_start()
-    with pytest.raises(ValueError, match="share"):
-        BatchGate(live, 2, share=0)
+def test_the_gate_narrows_and_widens_with_live_traffic():
+    asyncio.run(_narrows_and_widens())
 
 
-def test_the_gate_follows_live_traffic_in_real_time():
-    asyncio.run(_follows_live_traffic())
-
-
-async def _follows_live_traffic() -> None:
+async def _narrows_and_widens() -> None:
     live = LiveTraffic()
-    gate = BatchGate(live, 2, share=0.5)
-    running = 0
+    gate = BatchGate(live, 4)
     peak = 0
-    starts: list[float] = []
-    loop = asyncio.get_running_loop()
+    running = 0
+    release = asyncio.Event()
 
-    async def batch_request(hold_s: float) -> None:
+    async def batch_request() -> None:
         nonlocal peak, running
         async with gate.slot():
-            starts.append(loop.time())
             running += 1
             peak = max(peak, running)
-            await asyncio.sleep(hold_s)
+            await release.wait()
             running -= 1
 
     live.started()
-    # Two bursts of two beside live traffic: the second starts once the first has ended and
-    # rested as long again (share 0.5).
-    began = loop.time()
-    await asyncio.gather(*(batch_request(0.2) for _ in range(4)))
-    assert peak == 2
-    assert starts[1] - starts[0] < 0.05  # a burst starts together
-    assert starts[2] - began >= 0.2 + 0.2 - 0.02  # burst, then its rest
-    # Live traffic ends: no rest, refilled as requests end.
+    tasks = [asyncio.create_task(batch_request()) for _ in range(6)]
+    await asyncio.sleep(0.05)
+    assert running == 1  # a quarter of 4 while a live request runs
     live.ended()
-    await asyncio.sleep(LIVE_QUIET_S + 0.05)
-    starts.clear()
-    began = loop.time()
-    await asyncio.gather(*(batch_request(0.05) for _ in range(4)))
-    assert starts[2] - began < 0.15
+    await asyncio.sleep(LIVE_QUIET_S + 0.3)
+    assert running == 4  # quiet: full width, without waiting for a batch request to end
+    release.set()
+    await asyncio.gather(*tasks)
+    assert peak == 4
