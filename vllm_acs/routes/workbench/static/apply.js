@@ -5,7 +5,7 @@
 // key once an operator approved the application. These three routes are called without a key.
 
 import { ApiError, createClient, describeError } from "./api.js";
-import { el, formatTime } from "./dom.js";
+import { copyControls, el, formatTime } from "./dom.js";
 
 const CLAIM_STORAGE_KEY = "vllm-acs.claim-code";
 const FIELDS = [
@@ -223,24 +223,7 @@ export function createAccessCard(onClaimed) {
 
   function showClaimCode(sent) {
     const code = el("input", { id: "new-claim-code", type: "text", readonly: true, value: sent.claim_code, class: "secret", spellcheck: "false" });
-    const copied = el("span", { class: "hint", role: "status" });
-    const copy = el(
-      "button",
-      {
-        type: "button",
-        class: "primary",
-        onclick: async () => {
-          try {
-            await navigator.clipboard.writeText(sent.claim_code);
-            copied.textContent = "Copied.";
-          } catch {
-            code.select();
-            copied.textContent = "Select the code and copy it with Ctrl+C.";
-          }
-        },
-      },
-      "Copy",
-    );
+    const [copy, copied] = copyControls(code, sent.claim_code, "code");
     const keep = el("input", { id: "keep-claim-code", type: "checkbox" });
     keep.addEventListener("change", () => (keep.checked ? keepClaimCode(sent.claim_code) : forgetClaimCode()));
     card.replaceChildren(

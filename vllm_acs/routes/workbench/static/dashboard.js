@@ -4,7 +4,7 @@
 // with a claim code (apply.js) has its secret shown here once, above the rest.
 
 import { ApiError, describeError } from "./api.js";
-import { el, formatTime } from "./dom.js";
+import { copyControls, el, formatTime } from "./dom.js";
 import { takeCreatedKey } from "./session.js";
 
 const NUMBER = new Intl.NumberFormat();
@@ -226,24 +226,7 @@ export function mount(main, context) {
       class: "secret",
       spellcheck: "false",
     });
-    const copied = el("span", { class: "hint", role: "status" });
-    const copy = el(
-      "button",
-      {
-        type: "button",
-        class: "primary",
-        onclick: async () => {
-          try {
-            await navigator.clipboard.writeText(created.key);
-            copied.textContent = "Copied.";
-          } catch {
-            secret.select();
-            copied.textContent = "Select the key and copy it with Ctrl+C.";
-          }
-        },
-      },
-      "Copy",
-    );
+    const [copy, copied] = copyControls(secret, created.key, "key");
     result.replaceChildren(
       el("h3", {}, title),
       el(

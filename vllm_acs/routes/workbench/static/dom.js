@@ -44,3 +44,27 @@ export function formatTime(value) {
   const date = typeof value === "number" ? new Date(value * 1000) : new Date(value);
   return date.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
 }
+
+/** A "Copy" button for a secret shown once in `input` (a read-only field), and the status line
+ * beside it: copied, or how to copy it by hand where the clipboard is refused. `what` names it. */
+export function copyControls(input, text, what) {
+  const status = el("span", { class: "hint", role: "status" });
+  const button = el(
+    "button",
+    {
+      type: "button",
+      class: "primary",
+      onclick: async () => {
+        try {
+          await navigator.clipboard.writeText(text);
+          status.textContent = "Copied.";
+        } catch {
+          input.select();
+          status.textContent = `Select the ${what} and copy it with Ctrl+C.`;
+        }
+      },
+    },
+    "Copy",
+  );
+  return [button, status];
+}
