@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from vllm_acs.auth.principal import Principal
 from vllm_acs.auth.refusals import refusal
@@ -51,7 +52,24 @@ def _request() -> HarvestRequest:
     )
 
 
-def _scenario(tmp_path: Path, play_parts):
+class _FlakyReads:
+    """The job repository, but its first read of the parts fails as in a database outage."""
+
+    def __init__(self, jobs) -> None:
+        self._jobs = jobs
+        self.failed = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._jobs, name)
+
+    async def parts_of(self, parent_id: str):
+        if not self.failed:
+            self.failed += 1
+            raise OSError("connection refused")
+        return await self._jobs.parts_of(parent_id)
+
+
+def _scenario(tmp_path: Path, play_parts, *, flaky: bool = False):
     """Runs the harvest kind on a submitted harvest while `play_parts(storage, harvest)` plays
     its parts; returns what the kind answered."""
 
@@ -67,7 +85,7 @@ def _scenario(tmp_path: Path, play_parts):
             settings=SimpleNamespace(harvest_part_shards=PART_SHARDS),  # type: ignore[arg-type]
             model=lambda: MODEL,
             principal_now=lambda principal: principal,
-            jobs=storage.jobs,
+            jobs=_FlakyReads(storage.jobs) if flaky else storage.jobs,  # type: ignore[arg-type]
             wake_runner=lambda: woken.append(1),
         )
         kind = HarvestJobKind(context, poll_s=0.02)
@@ -105,7 +123,9 @@ def _rows(rng: np.random.Generator, n_tokens: int) -> np.ndarray:
     return rng.standard_normal((len(LAYERS), n_tokens, HIDDEN)).astype(np.float32)
 
 
-def test_the_parts_are_merged_in_order_once_all_succeed(tmp_path):
+@pytest.mark.parametrize("flaky", [False, True], ids=["steady", "a-read-fails"])
+def test_the_parts_are_merged_in_order_once_all_succeed(tmp_path, flaky):
+    """(A failed read of its parts, as in a database outage, is read again, not a failure.)"""
     rng = np.random.default_rng(3)
     rows = [_rows(rng, 3) for _ in range(N_PROMPTS)]
 
@@ -150,7 +170,7 @@ def test_the_parts_are_merged_in_order_once_all_succeed(tmp_path):
             )
         return None
 
-    outcome, _parts, _, woken, _storage, harvest = _scenario(tmp_path, play)
+    outcome, _parts, _, woken, _storage, harvest = _scenario(tmp_path, play, flaky=flaky)
     assert woken == [1]  # its own node's runner was told of the parts, once
     assert isinstance(outcome, JobOutcome) and outcome.status is JobStatus.SUCCEEDED
     result = json.loads(outcome.result_body)

@@ -76,7 +76,14 @@ class HarvestJobKind:
         plans = self.plan(request)
         await self._queue_parts(job, plans)
         while True:
-            parts = await self.context.jobs.parts_of(job.id)
+            try:
+                parts = await self.context.jobs.parts_of(job.id)
+            except Exception:
+                # A database outage: the parts run on; look again (the lease keeps the harvest).
+                logger.warning("harvest %s: reading its parts failed", job.id, exc_info=True)
+                if await self._stopped_or_part_ended([], stop):
+                    return Stopped()
+                continue
             failed = [part for part in parts if part.status in _FAILED]
             if failed:
                 now = await self.context.jobs.get(job.id)
