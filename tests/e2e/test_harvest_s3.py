@@ -71,7 +71,7 @@ def test_the_files_are_in_the_bucket_not_on_the_node(seaweedfs, s3_node, harvest
     assert job["result"]["n_shards"] == 2
     store = S3FileStore.from_settings(seaweedfs.settings(s3_node["prefix"]))
     names = asyncio.run(store.children(f"harvests/{job['job_id']}"))
-    assert {"manifest.json", "stats.safetensors", "_input", "_state"} <= set(names)
+    assert {"manifest.json", "stats.safetensors", "_input", "_parts"} <= set(names)
     assert {"shard_00000.safetensors", "shard_00001.safetensors"} <= set(names)
     assert not (s3_node["home"] / "files").exists()
 
