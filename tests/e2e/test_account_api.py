@@ -228,6 +228,8 @@ def test_keys_cycle_scopes_other_accounts_and_the_audit_trail(acs_server, auth, 
     log = acs_server.cli("keys", "log", "--account", "keys-lab")
     steps = [(e["actor"], e["action"], e["key_id"]) for e in log]
     assert steps == [
+        # One audit trail (issue 34): the account's own creation comes first.
+        ("operator", "account_create", "-"),
         ("operator", "create", admin["id"]),
         (admin["id"], "create", made["id"]),
         # The refused creates (scope escalation, a budget above the account's total).
@@ -238,7 +240,7 @@ def test_keys_cycle_scopes_other_accounts_and_the_audit_trail(acs_server, auth, 
         (admin["id"], "resume", made["id"]),
         (admin["id"], "revoke", made["id"]),
     ]
-    assert log[1]["changes"] == {"monthly_tokens": 1000, "name": "made", "scopes": ["completions"]}
-    assert [log[2]["changes"]["field"], log[3]["changes"]["field"]] == ["scopes", "daily_tokens"]
-    assert log[5]["changes"] == {"daily_tokens": 500, "name": "renamed"}
+    assert log[2]["changes"] == {"monthly_tokens": 1000, "name": "made", "scopes": ["completions"]}
+    assert [log[3]["changes"]["field"], log[4]["changes"]["field"]] == ["scopes", "daily_tokens"]
+    assert log[6]["changes"] == {"daily_tokens": 500, "name": "renamed"}
     assert all("acs-bm-" not in str(e["changes"]) for e in log)  # never a secret

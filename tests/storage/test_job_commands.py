@@ -149,6 +149,8 @@ def test_list_show_cancel_and_sweep(database_url: str, cli: Any):
         "updated_at": at(12).isoformat(),
         "result_status": 200,
         "error_code": None,
+        "parent_id": None,  # not a harvest's part
+        "progress": None,
         "request_bytes": len(json.dumps(REQUEST, separators=(",", ":"))),
         "result_bytes": len(BODY),
     }

@@ -28,15 +28,21 @@ export function mount(box, context) {
   );
   filter.select.addEventListener("change", () => load());
 
+  // Each load is numbered: an answer that arrives after a newer load was asked is dropped.
+  let asked = 0;
+
   async function load() {
+    const mine = ++asked;
     alert.hidden = true;
     try {
-      const query = new URLSearchParams({ status: filter.select.value, limit: "200" });
+      const status = filter.select.value;
+      const query = new URLSearchParams({ status, limit: "200" });
       const listed = await client.request("GET", `/v1/admin/applications?${query}`);
+      if (mine !== asked) return;
       list.replaceChildren(
         ...(listed.data.length
           ? listed.data.map(card)
-          : [el("p", { class: "empty card" }, filter.select.value === "pending" ? "No application waits for review." : "No applications.")]),
+          : [el("p", { class: "empty card" }, status === "pending" ? "No application waits for review." : "No applications.")]),
       );
     } catch (error) {
       alert.textContent = describeError(error);

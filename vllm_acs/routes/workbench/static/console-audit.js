@@ -109,10 +109,15 @@ export async function mount(box, context) {
     );
   }
 
+  // Each load is numbered: an answer that arrives after a newer load was asked is dropped.
+  let asked = 0;
+
   async function load(before = null) {
+    const mine = ++asked;
     alert.hidden = true;
     try {
       const listed = await client.request("GET", `/v1/admin/audit?${params(before)}`);
+      if (mine !== asked) return;
       if (!before) {
         tbody.replaceChildren();
         shown = 0;

@@ -43,14 +43,21 @@ export async function mount(box, context) {
   });
   state.select.addEventListener("change", () => load());
 
+  // Each load is numbered: an answer that arrives after a newer load was asked is dropped (the
+  // filters changed meanwhile), so the table never shows one filter's rows under another's title.
+  let asked = 0;
+
   async function load() {
+    const mine = ++asked;
     alert.hidden = true;
+    const chosen = account.select.value;
     const query = new URLSearchParams();
-    if (account.select.value) query.set("account_id", account.select.value);
+    if (chosen) query.set("account_id", chosen);
     if (state.select.value) query.set("state", state.select.value);
     try {
       const listed = await client.request("GET", `/v1/admin/keys?${query}`);
-      const whose = account.select.value ? `of ${names.get(account.select.value)}` : "of every account";
+      if (mine !== asked) return;
+      const whose = chosen ? `of ${names.get(chosen)}` : "of every account";
       tableBox.replaceChildren(
         table(
           `Keys ${whose} (${listed.data.length})`,

@@ -123,10 +123,15 @@ export async function mount(box, context) {
     );
   }
 
+  // Each load is numbered: an answer that arrives after a newer load was asked is dropped.
+  let asked = 0;
+
   async function load() {
+    const mine = ++asked;
     alert.hidden = true;
     try {
       const usage = await client.request("GET", `/v1/admin/usage?${query()}`);
+      if (mine !== asked) return;
       rows = usage.rows;
       draw();
     } catch (error) {
