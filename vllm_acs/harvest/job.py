@@ -16,10 +16,11 @@ import asyncio
 import json
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from ..errors import InternalError, error_body
+from ..jobs.runner import utc_now
 from ..states import JobStatus
 from ..storage.jobs import ATTEMPTS_EXHAUSTED, Job, NewJob
 from .context import HarvestContext, HarvestFailed, HarvestModel
@@ -89,7 +90,7 @@ class HarvestJobKind:
                 now = await self.context.jobs.get(job.id)
                 if stop.is_set() or now is None or now.status != JobStatus.RUNNING:
                     return Stopped()  # the harvest was cancelled: its parts with it
-                await self.context.jobs.cancel_parts(job.id, _now())
+                await self.context.jobs.cancel_parts(job.id, utc_now())
                 return _failure(job, failed[0])
             if len(parts) == len(plans) and all(p.status == JobStatus.SUCCEEDED for p in parts):
                 break
@@ -139,7 +140,7 @@ class HarvestJobKind:
             )
             for plan in plans
         ]
-        added = await self.context.jobs.add_parts(parts, _now())
+        added = await self.context.jobs.add_parts(parts, utc_now())
         if added:
             logger.info("harvest %s: %d part(s) queued", job.id, added)
             self.context.wake_runner()
@@ -162,10 +163,6 @@ class HarvestJobKind:
             vllm_version=model.vllm_version,
             vllm_acs_version=model.vllm_acs_version,
         )
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def _failure(job: Job, part: Job) -> Any:

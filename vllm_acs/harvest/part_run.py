@@ -22,7 +22,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -31,6 +30,7 @@ from ..activations.payload import AcsPayload
 from ..activations.store import CaptureError, read_capture, release
 from ..auth.refusals import refusal
 from ..errors import AcsError, InternalError, error_body
+from ..jobs.runner import utc_now
 from ..states import JobStatus
 from ..storage.counters import AdmitRequest, Ticket
 from ..storage.errors import BudgetExhausted, LeaseLost, QueueFull
@@ -185,7 +185,7 @@ class PartRun:
                 self.job.id,
                 self.job.attempt,
                 self.job.owner or "",
-                datetime.now(timezone.utc),
+                utc_now(),
                 manifest.progress(),
             )
         except Exception:
