@@ -12,7 +12,9 @@ each) go three ways:
   the node times it (`timings.wall_s`: first capture to last shard written) and from the client
   (submit to seeing `done`), and the shard bytes written per second;
 - the p50 and p95 latency of a small completion (4 tokens) sent one after another on the idle
-  node, then while an all-layers harvest runs;
+  node and while an all-layers harvest runs, in turns (SMALL_REQUESTS in all, WINDOWS turns: each
+  harvest is cancelled once its share is measured), so that the host's drifting load weighs on
+  both sides alike;
 - an all-layers harvest alone, then under a steady live load (small completions back to back,
   LIVE_CLIENTS at once, for the harvest's whole run): its node tokens/s and the share it keeps.
 
@@ -42,7 +44,10 @@ PROMPT_TOKENS = 128
 # harvest's speed and the latency of interactive requests beside it.
 IN_FLIGHT = int(os.environ.get("VLLM_ACS_BENCH_HARVEST_IN_FLIGHT", "8"))
 SMALL = {"model": MODEL_ID, "prompt": "The sky is", "max_tokens": 4, "temperature": 0}
-SMALL_REQUESTS = 40
+# Enough for a steady p50 on a noisy host; the idle ones are taken before and after the harvest.
+SMALL_REQUESTS = 100
+# Turns of idle and busy small completions (idle_and_busy).
+WINDOWS = 4
 LIVE_CLIENTS = 1
 
 
@@ -86,10 +91,11 @@ async def harvest(
         raise RuntimeError(f"harvest answered {submitted.status_code}: {submitted.text}")
     job_id = submitted.json()["job_id"]
     while True:
-        job = (await client.get(f"/v1/harvest/{job_id}")).json()
+        # A long poll, as a researcher's client waits (vllm_acs.client): a tight poll would load
+        # the node's API process beside the small completions measured.
+        job = (await client.get(f"/v1/harvest/{job_id}", params={"wait": 30})).json()
         if job["status"] not in ("pending", "running"):
             break
-        await asyncio.sleep(0.05)
     seen = time.perf_counter() - started
     if job["status"] != "done":
         raise RuntimeError(f"harvest ended {job['status']}: {job.get('error')}")
@@ -115,6 +121,29 @@ async def small_latencies(client: httpx.AsyncClient, count: int = SMALL_REQUESTS
             raise RuntimeError(f"small completion answered {answer.status_code}")
         latencies.append((time.perf_counter() - started) * 1000)
     return latencies
+
+
+async def idle_and_busy(client: httpx.AsyncClient) -> tuple[list[float], list[float]]:
+    """Small completions on the idle node and during an all-layers harvest, in WINDOWS turns
+    (idle, then a harvest that is cancelled once its share is measured), so that the host's
+    load drifting over the run weighs on both sides alike."""
+    idle: list[float] = []
+    busy: list[float] = []
+    each = SMALL_REQUESTS // WINDOWS
+    body = {"model": MODEL_ID, "prompts": _prompts(2) * 2, "shard_size": 32, "layers": "all"}
+    for _ in range(WINDOWS):
+        idle += await small_latencies(client, each)
+        submitted = await client.post("/v1/harvest", json=body)
+        if submitted.status_code != 202:
+            raise RuntimeError(f"harvest answered {submitted.status_code}: {submitted.text}")
+        job_id = submitted.json()["job_id"]
+        await asyncio.sleep(0.5)  # its parts claimed and its prompts in the engine
+        busy += await small_latencies(client, each)
+        cancelled = await client.delete(f"/v1/harvest/{job_id}")
+        if cancelled.status_code != 200:
+            raise RuntimeError(f"the harvest ended before its window did: {cancelled.text}")
+        await asyncio.sleep(0.5)  # its prompts aborted in the engine
+    return idle, busy
 
 
 def p95(values: list[float]) -> float:
@@ -153,12 +182,7 @@ async def _measure(server: ServerProcess, secret: str) -> dict[str, Any]:
         plain = await plain_prefill(client, prompts)
         three, _ = await harvest(client, prompts, None)
         every, _ = await harvest(client, prompts, "all")
-        idle = await small_latencies(client)
-        # During a harvest: its run starts, then the small requests go one after another.
-        running = asyncio.create_task(harvest(client, _prompts(2) * 2, "all"))
-        await asyncio.sleep(0.5)
-        busy = await small_latencies(client)
-        await running
+        idle, busy = await idle_and_busy(client)
         loaded, live = await under_live_load(client, prompts)
     return {
         "plain": plain,

@@ -439,6 +439,7 @@ def _batch_scheduling(engine_client: Any, live: Any) -> Any:
     """Batch work's priority follows the engine's policy (vLLM refuses a priority but 0 under
     fcfs): `vllm-acs serve` sets `priority` unless the operator chose a policy."""
     from .jobs.batch_share import BatchScheduling
+    from .launcher import LIVE_FIRST_SCHEDULER
 
     config = getattr(getattr(engine_client, "vllm_config", None), "scheduler_config", None)
     policy = str(getattr(config, "policy", "fcfs"))
@@ -447,6 +448,13 @@ def _batch_scheduling(engine_client: Any, live: Any) -> Any:
             "vLLM schedules %s: live requests do not go ahead of harvests and completion jobs "
             "in the engine (start with --scheduling-policy priority; vllm-acs serve does)",
             policy,
+        )
+    elif getattr(config, "scheduler_cls", None) != LIVE_FIRST_SCHEDULER:
+        logger.warning(
+            "vLLM's scheduler is %s: batch prefills share each engine step with live requests "
+            "whole (start with --scheduler-cls %s; vllm-acs serve does)",
+            getattr(config, "scheduler_cls", None) or "its default",
+            LIVE_FIRST_SCHEDULER,
         )
     return BatchScheduling(policy == "priority", live)
 

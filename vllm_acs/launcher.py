@@ -23,11 +23,14 @@ PLUGIN_NAME = "acs"
 # --enable-offline-docs: /docs loads Swagger UI from the files vLLM ships (/static/...), never
 # from a CDN: a node often has no internet.
 # --scheduling-policy priority: live requests go ahead of harvests and completion jobs, which
-# enter the engine with a lower priority (jobs/batch_share.py).
+# enter the engine with a lower priority (jobs/batch_share.py); --scheduler-cls: inside each
+# step, batch prefills go in small chunks beside live requests (engine_core/live_first.py).
+LIVE_FIRST_SCHEDULER = "vllm_acs.engine_core.live_first.live_first_scheduler"
 DEFAULT_SERVE_ARGS: dict[str, list[str]] = {
     "--max-logprobs": ["--max-logprobs", "-1"],
     "--enable-offline-docs": ["--enable-offline-docs"],
     "--scheduling-policy": ["--scheduling-policy", "priority"],
+    "--scheduler-cls": ["--scheduler-cls", LIVE_FIRST_SCHEDULER],
 }
 
 

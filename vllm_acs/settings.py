@@ -106,6 +106,12 @@ class Settings:
     # Whether this node claims harvests and completion jobs from the queue (false: an
     # interactive-only node; the deployment's other nodes take the batch work).
     batch_work: bool = True
+    # Prompt tokens one batch request (a harvest prompt, a completion job) adds to an engine
+    # step while a live request is in the engine (engine_core/live_first.py): the smaller, the
+    # less a harvest slows live requests, and the slower it goes beside them. Unset: 8 on a CPU
+    # (where a step's time follows its tokens), 64 on a GPU (where a hundred more tokens cost a
+    # decode step little; not yet measured there).
+    batch_chunk_beside_live: int | None = None
     job_lease_ms: int = 30_000
     job_max_attempts: int = 3
     job_long_polls: int = 1024
@@ -179,6 +185,8 @@ class Settings:
             )
         if self.application_ttl_days < 1:
             raise SettingsError(f"{ENV_PREFIX}APPLICATION_TTL_DAYS must be at least 1")
+        if self.batch_chunk_beside_live is not None and self.batch_chunk_beside_live < 1:
+            raise SettingsError(f"{ENV_PREFIX}BATCH_CHUNK_BESIDE_LIVE must be at least 1")
         if self.usage_queue_max_rows < 1:
             raise SettingsError(f"{ENV_PREFIX}USAGE_QUEUE_MAX_ROWS must be at least 1")
         if self.keepalive_after_s and not self.keepalive_every_s:

@@ -1,6 +1,8 @@
 """Live requests first, on the session's node: small completions answered while a harvest and a
 burst of completion jobs run, with their latency bounded (generously here: the targets are
-benchmarks/harvest_throughput.py's), and the batch work still finishing.
+benchmarks/harvest_throughput.py's), the batch work still finishing, and the harvest's rows
+(whose prefills went in small chunks beside the live requests: engine_core/live_first.py) still
+the prompts' own.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ import uuid
 import httpx
 import numpy as np
 import pytest
+from safetensors.torch import load
 
 from tests.harness import MODEL_ID
+from tests.reference import assert_rows_close
+from vllm_acs.client import decode_residual_stream
 
 pytestmark = pytest.mark.e2e
 
@@ -85,3 +90,21 @@ def test_live_requests_are_answered_beside_a_harvest_and_a_burst_of_jobs(acs_ser
         assert (job["status"], job["result_status"]) == ("succeeded", 200), job
     # The live requests ran while the batch work did (not only after it).
     assert harvest_running in ("pending", "running") or harvest["result"]["timings"]["wall_s"] > 0
+
+    # Its rows equal the inline capture of the same prompts, whatever chunks they went in.
+    manifest = httpx.get(harvest["result"]["manifest_url"], trust_env=False).json()
+    rows = {}
+    for url in harvest["result"]["shard_urls"]:
+        rows.update(load(httpx.get(url, trust_env=False).content))
+    for index in range(0, len(prompts), 8):
+        body = {
+            "model": MODEL_ID,
+            "prompt": prompts[index],
+            "max_tokens": 1,
+            "temperature": 0,
+            "output_residual_stream": manifest["layer_indices"],
+        }
+        inline = batch.post("/v1/completions", json=body)
+        assert inline.status_code == 200, inline.text
+        got = rows[f"prompt_{index}"].float().numpy()
+        assert_rows_close(got, decode_residual_stream(inline.json()), f"prompt {index}")

@@ -134,6 +134,17 @@ def _violations(path: Path) -> list[str]:
         # An account's keys and usage: shared by the CLI and the routes; no web layer.
         forbid_third_party("fastapi", "starlette", "torch", "vllm")
         forbid_project("vllm_acs.middleware", "vllm_acs.routes", "vllm_acs.hooks", "vllm_acs.cli")
+    if _in(module, "vllm_acs.engine_core"):
+        # The EngineCore's scheduler: vLLM, the leaves and batch work's priorities, nothing else.
+        forbid_third_party("fastapi", "starlette", "sqlalchemy", "redis")
+        found.extend(
+            f"{module} imports {n}"
+            for n in inside
+            if not _in(n, "vllm_acs.engine_core")
+            and not _in(n, "vllm_acs.jobs.batch_share")
+            and n != "vllm_acs.jobs"
+            and not any(_in(n, leaf) for leaf in LEAVES)
+        )
     if _in(module, "vllm_acs.routes"):
         forbid_project("vllm_acs.middleware", "vllm_acs.hooks")
     is_client_codec = _in(module, "vllm_acs.client") and module != HARVEST_FILES

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from vllm_acs.launcher import parse_serve_args, plugin_environment, with_default_args
+from vllm_acs.launcher import (
+    LIVE_FIRST_SCHEDULER,
+    parse_serve_args,
+    plugin_environment,
+    with_default_args,
+)
 
 
 def test_acs_is_added_to_the_plugin_allowlist():
@@ -16,7 +21,7 @@ def test_acs_is_added_to_the_plugin_allowlist():
     assert env["VLLM_PLUGINS"] == "other,acs"
 
 
-PRIORITY = ["--scheduling-policy", "priority"]
+PRIORITY = ["--scheduling-policy", "priority", "--scheduler-cls", LIVE_FIRST_SCHEDULER]
 
 
 def test_defaults_apply_unless_the_operator_gives_the_flag():
@@ -29,20 +34,32 @@ def test_defaults_apply_unless_the_operator_gives_the_flag():
         docs,
         *PRIORITY,
     ]
-    given = ["m", "--max-logprobs=5", "--no-enable-offline-docs", "--scheduling-policy=fcfs"]
+    given = [
+        "m",
+        "--max-logprobs=5",
+        "--no-enable-offline-docs",
+        "--scheduling-policy=fcfs",
+        "--scheduler-cls=my.Scheduler",
+    ]
     assert with_default_args(given) == given
 
 
 def test_live_requests_first_unless_the_operator_chose_a_policy():
-    """vLLM's priority policy is the default of `vllm-acs serve` (batch work enters the engine
-    at a lower priority); an operator's own policy, in either spelling, is kept."""
-    assert with_default_args(["m"])[-2:] == PRIORITY
+    """vLLM's priority policy and the live-first scheduler are the defaults of `vllm-acs serve`
+    (batch work enters the engine at a lower priority, and goes in small chunks beside live
+    requests); an operator's own policy or scheduler, in either spelling, is kept."""
+    assert with_default_args(["m"])[-4:] == PRIORITY
     for given in (["--scheduling-policy", "fcfs"], ["--scheduling-policy=fcfs"]):
         args = with_default_args(["m", *given])
         assert "priority" not in args
         assert args[1 : 1 + len(given)] == given
+    for given in (["--scheduler-cls", "my.Scheduler"], ["--scheduler-cls=my.Scheduler"]):
+        args = with_default_args(["m", *given])
+        assert LIVE_FIRST_SCHEDULER not in args
+        assert args[1 : 1 + len(given)] == given
     args = parse_serve_args(["m"])
     assert args.scheduling_policy == "priority"
+    assert args.scheduler_cls == LIVE_FIRST_SCHEDULER
     assert parse_serve_args(["m", "--scheduling-policy", "fcfs"]).scheduling_policy == "fcfs"
 
 
