@@ -108,7 +108,7 @@ class Settings:
     batch_work: bool = True
     # Prompt tokens one batch request (a harvest prompt, a completion job) adds to an engine
     # step while a live request is in the engine (engine_core/live_first.py): the smaller, the
-    # less a harvest slows live requests, and the slower it goes beside them. Unset: 8 on a CPU
+    # less a harvest slows live requests, and the slower it goes beside them. Unset: 16 on a CPU
     # (where a step's time follows its tokens), 64 on a GPU (where a hundred more tokens cost a
     # decode step little; not yet measured there).
     batch_chunk_beside_live: int | None = None
