@@ -14,8 +14,8 @@ from vllm_acs.engine_core.live_first import (
     GPU_CHUNK_BESIDE_LIVE,
     LiveFirstAsyncScheduler,
     LiveFirstScheduler,
-    live_first_scheduler,
     chunk_beside_live,
+    live_first_scheduler,
     live_needs,
     prefill_threshold,
 )
@@ -49,7 +49,9 @@ def _scheduler(config: Any) -> Any:
     from vllm.v1.structured_output import StructuredOutputManager
 
     block_size = 16
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    spec = FullAttentionSpec(
+        block_size=block_size, num_kv_heads=2, head_size=64, dtype=torch.float32
+    )
     kv = KVCacheConfig(
         num_blocks=256,
         kv_cache_tensors=[],
