@@ -44,7 +44,7 @@ PROMPT_TOKENS = 128
 # harvest's speed and the latency of interactive requests beside it.
 IN_FLIGHT = int(os.environ.get("VLLM_ACS_BENCH_HARVEST_IN_FLIGHT", "8"))
 SMALL = {"model": MODEL_ID, "prompt": "The sky is", "max_tokens": 4, "temperature": 0}
-# Enough for a steady p50 on a noisy host; the idle ones are taken before and after the harvest.
+# Enough for a steady p50 on a noisy host, idle and busy alike, split into WINDOWS turns.
 SMALL_REQUESTS = 100
 # Turns of idle and busy small completions (idle_and_busy).
 WINDOWS = 4

@@ -107,7 +107,8 @@ class Settings:
     # interactive-only node; the deployment's other nodes take the batch work).
     batch_work: bool = True
     # Prompt tokens one batch request (a harvest prompt, a completion job) adds to an engine
-    # step while a live request is in the engine (engine_core/live_first.py): the smaller, the
+    # step while a live request is in the engine, or was within 0.25 s
+    # (engine_core/live_first.py): the smaller, the
     # less a harvest slows live requests, and the slower it goes beside them. Unset: 16 on a CPU
     # (where a step's time follows its tokens), 64 on a GPU (where a hundred more tokens cost a
     # decode step little; not yet measured there).
