@@ -79,6 +79,14 @@ async def plain_prefill(client: httpx.AsyncClient, prompts: list[list[int]]) -> 
     return sum(map(len, prompts)) / (time.perf_counter() - started)
 
 
+async def _submit(client: httpx.AsyncClient, body: dict[str, Any]) -> str:
+    """POST /v1/harvest; the harvest's id."""
+    submitted = await client.post("/v1/harvest", json=body)
+    if submitted.status_code != 202:
+        raise RuntimeError(f"harvest answered {submitted.status_code}: {submitted.text}")
+    return str(submitted.json()["job_id"])
+
+
 async def harvest(
     client: httpx.AsyncClient, prompts: list[list[int]], layers: Any
 ) -> tuple[HarvestRun, dict[str, Any]]:
@@ -86,13 +94,10 @@ async def harvest(
     if layers is not None:
         body["layers"] = layers
     started = time.perf_counter()
-    submitted = await client.post("/v1/harvest", json=body)
-    if submitted.status_code != 202:
-        raise RuntimeError(f"harvest answered {submitted.status_code}: {submitted.text}")
-    job_id = submitted.json()["job_id"]
+    job_id = await _submit(client, body)
     while True:
-        # A long poll, as a researcher's client waits (vllm_acs.client): a tight poll would load
-        # the node's API process beside the small completions measured.
+        # A long poll (the spec's `?wait=`): a tight poll would load the node's API process
+        # beside the small completions measured.
         job = (await client.get(f"/v1/harvest/{job_id}", params={"wait": 30})).json()
         if job["status"] not in ("pending", "running"):
             break
@@ -133,10 +138,7 @@ async def idle_and_busy(client: httpx.AsyncClient) -> tuple[list[float], list[fl
     body = {"model": MODEL_ID, "prompts": _prompts(2) * 2, "shard_size": 32, "layers": "all"}
     for _ in range(WINDOWS):
         idle += await small_latencies(client, each)
-        submitted = await client.post("/v1/harvest", json=body)
-        if submitted.status_code != 202:
-            raise RuntimeError(f"harvest answered {submitted.status_code}: {submitted.text}")
-        job_id = submitted.json()["job_id"]
+        job_id = await _submit(client, body)
         await asyncio.sleep(0.5)  # its parts claimed and its prompts in the engine
         busy += await small_latencies(client, each)
         cancelled = await client.delete(f"/v1/harvest/{job_id}")

@@ -449,11 +449,12 @@ def _batch_scheduling(engine_client: Any, live: Any) -> Any:
             "in the engine (start with --scheduling-policy priority; vllm-acs serve does)",
             policy,
         )
-    elif getattr(config, "scheduler_cls", None) != LIVE_FIRST_SCHEDULER:
+    elif (scheduler := getattr(config, "scheduler_cls", None)) != LIVE_FIRST_SCHEDULER:
         logger.warning(
-            "vLLM's scheduler is %s: batch prefills share each engine step with live requests "
-            "whole (start with --scheduler-cls %s; vllm-acs serve does)",
-            getattr(config, "scheduler_cls", None) or "its default",
+            "vLLM's scheduler is %s: a harvest prompt's or a completion job's whole prefill "
+            "shares an engine step with live requests (start with --scheduler-cls %s; "
+            "vllm-acs serve does)",
+            scheduler or "its default",
             LIVE_FIRST_SCHEDULER,
         )
     return BatchScheduling(policy == "priority", live)

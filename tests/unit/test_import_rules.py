@@ -142,7 +142,6 @@ def _violations(path: Path) -> list[str]:
             for n in inside
             if not _in(n, "vllm_acs.engine_core")
             and not _in(n, "vllm_acs.jobs.batch_share")
-            and n != "vllm_acs.jobs"
             and not any(_in(n, leaf) for leaf in LEAVES)
         )
     if _in(module, "vllm_acs.routes"):
