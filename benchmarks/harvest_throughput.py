@@ -98,9 +98,12 @@ async def harvest(
     while True:
         # A long poll (the spec's `?wait=`): a tight poll would load the node's API process
         # beside the small completions measured.
-        job = (await client.get(f"/v1/harvest/{job_id}", params={"wait": 30})).json()
+        answer = await client.get(f"/v1/harvest/{job_id}", params={"wait": 30})
+        job = answer.json()
         if job["status"] not in ("pending", "running"):
             break
+        if answer.headers.get("x-acs-longpoll") == "declined":  # the node's waits are taken
+            await asyncio.sleep(float(answer.headers.get("retry-after", "3")))
     seen = time.perf_counter() - started
     if job["status"] != "done":
         raise RuntimeError(f"harvest ended {job['status']}: {job.get('error')}")
