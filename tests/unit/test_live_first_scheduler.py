@@ -180,10 +180,26 @@ class _Queued:
 
 def test_live_needs_reads_the_queue_up_to_its_first_batch_request() -> None:
     live, batch = LIVE_PRIORITY, BATCH_PRIORITY
-    assert live_needs([_Queued(batch, 128)], []) == ([], True)
-    assert live_needs([_Queued(live, 20, 19)], [_Queued(live, 9)]) == ([1, 9], False)
+    assert live_needs([_Queued(batch, 128)], [], slots=8) == ([], True)
+    assert live_needs([_Queued(live, 20, 19)], [_Queued(live, 9)], slots=8) == ([1, 9], False)
     waiting = [_Queued(batch, 128), _Queued(live, 900)]  # (not in a priority queue's order)
-    assert live_needs([_Queued(live, 70, 10)], waiting) == ([60], True)
+    assert live_needs([_Queued(live, 70, 10)], waiting, slots=8) == ([60], True)
+
+
+def test_live_needs_reads_no_more_of_the_queue_than_the_step_can_admit() -> None:
+    pulled: list[int] = []
+
+    def backlog() -> Any:  # a long live backlog, then batch work
+        for i in range(1000):
+            pulled.append(i)
+            yield _Queued(LIVE_PRIORITY if i < 999 else BATCH_PRIORITY, 5)
+
+    assert live_needs([], backlog(), slots=3) == ([5, 5, 5], False)
+    assert len(pulled) == 3
+    pulled.clear()
+    # No free place: only the head is read (a live request waiting is still live traffic).
+    assert live_needs([_Queued(BATCH_PRIORITY, 128)], backlog(), slots=0) == ([5], True)
+    assert len(pulled) == 1
 
 
 def test_prefill_threshold() -> None:

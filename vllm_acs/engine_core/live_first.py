@@ -19,6 +19,7 @@ the same.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import math
 import time
@@ -66,10 +67,16 @@ def chunk_beside_live(settings: Settings, on_cpu: bool) -> int:
     return CPU_CHUNK_BESIDE_LIVE if on_cpu else GPU_CHUNK_BESIDE_LIVE
 
 
-def live_needs(running: Iterable[_Queued], waiting: Iterable[_Queued]) -> tuple[list[int], bool]:
-    """Every live request's tokens to go, and whether any batch request is in the engine.
-    `waiting` is in the priority queue's order, live requests first: it is read up to its first
-    batch request."""
+def live_needs(
+    running: Iterable[_Queued], waiting: Iterable[_Queued], slots: int
+) -> tuple[list[int], bool]:
+    """The tokens to go of every live request that the next step can schedule, and whether a
+    batch request is among those (or running). `waiting` is in the priority queue's order, live
+    requests first; the step admits at most `slots` of them (its free places beside the running
+    requests), so it is read up to its first batch request or `slots` requests (at least its
+    head: a live request waiting for a place is live traffic), whichever comes first. A long
+    live backlog then costs a step about what it can schedule: vLLM's queue iterates by popping
+    a copy of its heap."""
     needs: list[int] = []
     batch = False
     for request in running:
@@ -77,7 +84,7 @@ def live_needs(running: Iterable[_Queued], waiting: Iterable[_Queued]) -> tuple[
             needs.append(_tokens_to_go(request))
         else:
             batch = True
-    for request in waiting:
+    for request in itertools.islice(waiting, max(1, slots)):
         if not _is_live(request):
             batch = True
             break
@@ -104,6 +111,7 @@ class _LiveFirst:
     scheduler_config: Any
     running: list[Any]
     waiting: Any
+    max_num_running_reqs: int
     policy: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -124,7 +132,8 @@ class _LiveFirst:
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self.policy == SchedulingPolicy.PRIORITY:
             # Under first come, first served every request has priority 0: none is batch work.
-            needs, batch = live_needs(self.running, self.waiting)
+            slots = self.max_num_running_reqs - len(self.running)
+            needs, batch = live_needs(self.running, self.waiting, slots)
             now = self.clock()
             if needs:
                 self._live_seen = now
