@@ -99,6 +99,8 @@ async def harvest(
         # A long poll (the spec's `?wait=`): a tight poll would load the node's API process
         # beside the small completions measured.
         answer = await client.get(f"/v1/harvest/{job_id}", params={"wait": 30})
+        if answer.status_code != 200:
+            raise RuntimeError(f"harvest poll answered {answer.status_code}: {answer.text}")
         job = answer.json()
         if job["status"] not in ("pending", "running"):
             break
