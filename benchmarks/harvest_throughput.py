@@ -1,9 +1,10 @@
 """Harvest throughput against plain prefill, and what a harvest costs interactive requests, on one
 node, in one run.
 
-A real `vllm-acs serve` node of the tiny model (as tests/harness.py starts it) on loopback, one
-key. The same N prompts (VLLM_ACS_BENCH_HARVEST_PROMPTS, default 256, of PROMPT_TOKENS token ids
-each) go three ways:
+A real `vllm-acs serve` node of the tiny model (as tests/harness.py starts it, but with vLLM's
+default thread binding, as an operator's only node on a machine runs) on loopback, one key. The
+same N prompts (VLLM_ACS_BENCH_HARVEST_PROMPTS, default 256, of PROMPT_TOKENS token ids each) go
+three ways:
 
 - plain: `POST /v1/completions`, max_tokens 1, as many in flight as a harvest keeps in the engine
   (`harvest_prompts_in_flight`: VLLM_ACS_BENCH_HARVEST_IN_FLIGHT, default 8, the node's default):
@@ -140,7 +141,8 @@ async def idle_and_busy(client: httpx.AsyncClient) -> tuple[list[float], list[fl
     idle: list[float] = []
     busy: list[float] = []
     each = SMALL_REQUESTS // WINDOWS
-    body = {"model": MODEL_ID, "prompts": _prompts(2) * 2, "shard_size": 32, "layers": "all"}
+    # Enough prompts that the harvest outlasts its window, at its speed on a bound node.
+    body = {"model": MODEL_ID, "prompts": _prompts(2) * 4, "shard_size": 32, "layers": "all"}
     for _ in range(WINDOWS):
         idle += await small_latencies(client, each)
         job_id = await _submit(client, body)
@@ -205,6 +207,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         node = tiny_node(Path(tmp))
         node.env["VLLM_ACS_HARVEST_PROMPTS_IN_FLIGHT"] = str(IN_FLIGHT)
+        # The only node on the machine: its engine's threads bound as `vllm-acs serve` binds
+        # them by default (vLLM's `auto`: the worker on its own cores, a core left to the API
+        # process and EngineCore), not as the test harness does for several nodes on one
+        # machine (`nobind`), where on two cores the worker's threads share both cores with the
+        # API process, EngineCore and this client (docs/decisions.md, issue 33).
+        node.env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
         try:
             node.start()
             secret = unlimited_key(node)
