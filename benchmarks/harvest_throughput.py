@@ -52,6 +52,13 @@ WINDOWS = 4
 LIVE_CLIENTS = 1
 
 
+def _expect(answer: httpx.Response, status: int, what: str) -> httpx.Response:
+    """`answer` if it has `status`; otherwise a RuntimeError naming `what`, the status and body."""
+    if answer.status_code != status:
+        raise RuntimeError(f"{what} answered {answer.status_code}: {answer.text}")
+    return answer
+
+
 def _prompts(seed: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[int(t) for t in rng.integers(3, 1000, size=PROMPT_TOKENS)] for _ in range(PROMPTS)]
@@ -71,9 +78,7 @@ async def plain_prefill(client: httpx.AsyncClient, prompts: list[list[int]]) -> 
     async def one(prompt: list[int]) -> None:
         async with gate:
             body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-            answer = await client.post("/v1/completions", json=body)
-            if answer.status_code != 200:
-                raise RuntimeError(f"completion answered {answer.status_code}: {answer.text}")
+            _expect(await client.post("/v1/completions", json=body), 200, "completion")
 
     started = time.perf_counter()
     await asyncio.gather(*(one(p) for p in prompts))
@@ -82,9 +87,7 @@ async def plain_prefill(client: httpx.AsyncClient, prompts: list[list[int]]) -> 
 
 async def _submit(client: httpx.AsyncClient, body: dict[str, Any]) -> str:
     """POST /v1/harvest; the harvest's id."""
-    submitted = await client.post("/v1/harvest", json=body)
-    if submitted.status_code != 202:
-        raise RuntimeError(f"harvest answered {submitted.status_code}: {submitted.text}")
+    submitted = _expect(await client.post("/v1/harvest", json=body), 202, "harvest")
     return str(submitted.json()["job_id"])
 
 
@@ -100,8 +103,7 @@ async def harvest(
         # A long poll (the spec's `?wait=`): a tight poll would load the node's API process
         # beside the small completions measured.
         answer = await client.get(f"/v1/harvest/{job_id}", params={"wait": 30})
-        if answer.status_code != 200:
-            raise RuntimeError(f"harvest poll answered {answer.status_code}: {answer.text}")
+        _expect(answer, 200, "harvest poll")
         job = answer.json()
         if job["status"] not in ("pending", "running"):
             break
@@ -111,7 +113,7 @@ async def harvest(
     if job["status"] != "done":
         raise RuntimeError(f"harvest ended {job['status']}: {job.get('error')}")
     timings = job["result"]["timings"]
-    manifest = (await client.get(job["result"]["manifest_url"])).json()
+    manifest = _expect(await client.get(job["result"]["manifest_url"]), 200, "manifest").json()
     written = sum(shard["bytes"] for shard in manifest["shards"])
     tokens = timings["tokens"]
     run = HarvestRun(
@@ -127,9 +129,7 @@ async def small_latencies(client: httpx.AsyncClient, count: int = SMALL_REQUESTS
     latencies = []
     for _ in range(count):
         started = time.perf_counter()
-        answer = await client.post("/v1/completions", json=SMALL)
-        if answer.status_code != 200:
-            raise RuntimeError(f"small completion answered {answer.status_code}")
+        _expect(await client.post("/v1/completions", json=SMALL), 200, "small completion")
         latencies.append((time.perf_counter() - started) * 1000)
     return latencies
 
@@ -207,11 +207,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         node = tiny_node(Path(tmp))
         node.env["VLLM_ACS_HARVEST_PROMPTS_IN_FLIGHT"] = str(IN_FLIGHT)
-        # The only node on the machine: its engine's threads bound as `vllm-acs serve` binds
-        # them by default (vLLM's `auto`: the worker on its own cores, a core left to the API
-        # process and EngineCore), not as the test harness does for several nodes on one
-        # machine (`nobind`), where on two cores the worker's threads share both cores with the
-        # API process, EngineCore and this client (docs/decisions.md, issue 33).
+        # vLLM's default binding, as `vllm-acs serve` runs it (the module docstring), over the
+        # harness's `nobind`, which is for several nodes on one machine.
         node.env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
         try:
             node.start()
