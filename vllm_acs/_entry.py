@@ -404,6 +404,7 @@ class AcsEndpointPlugin:
         self.models.register(served, tokenizer_of(engine_client))
         self.engine_client = engine_client
         self.batch = _batch_scheduling(engine_client, self.live)
+        _keep_off_worker_cores()
         self.storage = storage = await open_storage(settings)
         plugins = self.plugins
         plugins.register(KeyAuthPlugin(storage.keys, settings))
@@ -458,6 +459,28 @@ def _batch_scheduling(engine_client: Any, live: Any) -> Any:
             LIVE_FIRST_SCHEDULER,
         )
     return BatchScheduling(policy == "priority", live)
+
+
+def _keep_off_worker_cores() -> None:
+    """On the CPU build, once the engine is up: the API server's and EngineCore's threads go to
+    the cores vLLM left free of its workers (core_placement.py says why)."""
+    import psutil
+    from vllm.platforms import current_platform
+
+    from .core_placement import keep_off_worker_cores
+
+    if not current_platform.is_cpu():
+        return
+    try:
+        cores = keep_off_worker_cores()
+    except (OSError, psutil.Error) as error:  # never a reason not to serve
+        logger.warning("could not keep the node's threads off the workers' cores: %s", error)
+        return
+    if cores is not None:
+        logger.info(
+            "the API server's and EngineCore's threads run on cores %s, off the CPU workers'",
+            ",".join(map(str, sorted(cores))),
+        )
 
 
 def _outside_everything(app: FastAPI, wrap: Callable[[Any], Any]) -> None:

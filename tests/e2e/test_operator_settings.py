@@ -2,18 +2,21 @@
 
 A second server (module scope) with VLLM_ACS_DEADLINE_MAX_TOKENS=8, a 2 KiB body limit, the
 Workbench closed (VLLM_ACS_WORKBENCH=false) and, via --additional-config, max_logprobs 5;
-everything else as the default node.
+everything else as the default node, vLLM's thread binding included (`auto`, where the suite's
+other nodes run `nobind`): the node keeps its own threads off the core vLLM bound its worker to.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 
 import httpx
+import psutil
 import pytest
 
-from tests.harness import ServerProcess, running_server
+from tests.harness import MODEL_ID, ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -27,6 +30,8 @@ def tuned_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
             "VLLM_ACS_DEADLINE_MAX_TOKENS": "8",
             "VLLM_ACS_BODY_LIMIT_BYTES": "2048",
             "VLLM_ACS_WORKBENCH": "false",
+            # vLLM's default, as `vllm-acs serve` leaves it (the harness sets `nobind`).
+            "VLLM_CPU_OMP_THREADS_BIND": "auto",
         },
         extra_args=["--additional-config", json.dumps({"acs": {"max_logprobs": 5}})],
     ) as server:
@@ -95,3 +100,26 @@ def test_a_closed_workbench_is_a_404_like_any_path_off_the_surface(tuned_server)
         assert closed.status_code == 404, path
         assert closed.json()["error"]["code"] == "not_found"
         assert "Content-Security-Policy" not in closed.headers
+
+
+def _thread_masks(process: psutil.Process) -> list[set[int]]:
+    return [os.sched_getaffinity(thread.id) for thread in process.threads()]
+
+
+def test_the_node_keeps_its_own_threads_off_the_workers_core(tuned_server, tuned_auth):
+    api = psutil.Process(tuned_server.process.pid)
+    tree = [api, *api.children(recursive=True)]
+    engine_cores = [p for p in tree if p.name().startswith("VLLM::EngineCore")]
+    workers = [p for p in tree if p.name().startswith("VLLM::Worker")]
+    assert len(engine_cores) == 1 and len(workers) == 1, [p.name() for p in tree]
+    # vLLM bound the worker's OpenMP thread (its main thread) to a core of its own.
+    worker_core = os.sched_getaffinity(workers[0].pid)
+    every = os.sched_getaffinity(0)
+    assert worker_core < every
+    for process in (api, engine_cores[0]):
+        masks = _thread_masks(process)
+        assert masks and all(not mask & worker_core for mask in masks), (process.name(), masks)
+    assert "off the CPU workers'" in tuned_server.log_path.read_text(errors="replace")
+    # And it serves.
+    body = {"model": MODEL_ID, "prompt": "Hello", "max_tokens": 2}
+    assert _post(tuned_server, body, tuned_auth).status_code == 200
