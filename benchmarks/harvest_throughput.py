@@ -19,6 +19,14 @@ three ways:
 - an all-layers harvest alone, then under a steady live load (small completions back to back,
   LIVE_CLIENTS at once, for the harvest's whole run): its node tokens/s and the share it keeps.
 
+The client stands in for a researcher on another machine, so its thread runs ahead of the
+node's (SCHED_FIFO, set after the node started; without the permission it runs at normal
+priority and says so). On a two-core host the kernel left a normal thread runnable but off the
+CPU for 0.1-2 s while a harvest ran (docs/decisions.md, "The benchmark's client waits for no
+CPU"), and the small completions' p95 was then the client's own wait. The output gives the
+longest time the client's thread waited for a CPU during one small completion (Linux
+schedstat): near zero when the figures are the node's.
+
 Run: `python -m benchmarks.harvest_throughput` (a few minutes on two cores).
 """
 
@@ -125,12 +133,24 @@ async def harvest(
     return run, job
 
 
+def _cpu_wait_ms() -> float:
+    """How long this thread has been runnable but off the CPU, in all (Linux schedstat)."""
+    with open("/proc/thread-self/schedstat") as stat:
+        return int(stat.read().split()[1]) / 1e6
+
+
+# The client's longest wait for a CPU during one small completion (the module docstring).
+client_waits_ms: list[float] = []
+
+
 async def small_latencies(client: httpx.AsyncClient, count: int = SMALL_REQUESTS) -> list[float]:
     latencies = []
     for _ in range(count):
+        waited = _cpu_wait_ms()
         started = time.perf_counter()
         _expect(await client.post("/v1/completions", json=SMALL), 200, "small completion")
         latencies.append((time.perf_counter() - started) * 1000)
+        client_waits_ms.append(_cpu_wait_ms() - waited)
     return latencies
 
 
@@ -203,6 +223,16 @@ async def _measure(server: ServerProcess, secret: str) -> dict[str, Any]:
     }
 
 
+def client_first() -> str:
+    """This thread ahead of the node's (the module docstring); the policy it runs under. The
+    node started before keeps its own, and a child of this process would not inherit it."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+    except OSError as error:
+        return f"normal priority (SCHED_FIFO refused: {error.strerror})"
+    return "SCHED_FIFO"
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         node = tiny_node(Path(tmp))
@@ -213,11 +243,16 @@ def main() -> None:
         try:
             node.start()
             secret = unlimited_key(node)
+            policy = client_first()
             result = asyncio.run(_measure(node, secret))
         finally:
             node.stop()
     plain = result["plain"]
     print(f"{PROMPTS} prompts of {PROMPT_TOKENS} token ids, one node (tiny model), loopback.")
+    print(
+        f"client thread: {policy}; its longest wait for a CPU during one small completion "
+        f"{max(client_waits_ms):.1f} ms"
+    )
     print(f"plain 1-token completions, {IN_FLIGHT} in flight: {plain:,.0f} prompt tokens/s")
     print(f"{'layers':<12} {'node tok/s':>11} {'x plain':>8} {'client tok/s':>13} {'MB/s':>7}")
     for run in result["runs"]:
