@@ -52,6 +52,7 @@ HARVEST_ROUTE = "/v1/harvest"
 @dataclass
 class PartTimings:
     write_s: float = 0.0
+    write_wait_s: float = 0.0
     tokens: int = 0
     prompts: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -59,8 +60,9 @@ class PartTimings:
     def as_dict(self) -> dict[str, float | int]:
         wall = time.perf_counter() - self.started
         return {
-            # The part's time with prompts in the engine (its wall time less the writing).
-            "forward_s": round(max(0.0, wall - self.write_s), 3),
+            # The part's time with prompts in the engine: its wall time less the waits for a
+            # shard's write (shards are written while the next one's prompts run).
+            "forward_s": round(max(0.0, wall - self.write_wait_s), 3),
             "write_s": round(self.write_s, 3),
             "wall_s": round(wall, 3),
             "tokens": self.tokens,
@@ -138,16 +140,30 @@ class PartRun:
         size = self.request.shard_size
         last = self.plan.end_prompt - 1
         buffer: list[HarvestedPrompt] = []
+        # The shard being written while the next one's prompts run in the engine: one at a
+        # time, in order, so the part's manifest only ever names complete shards.
+        writing: asyncio.Task[bool] | None = None
         # Closed however the loop ends, so the prompts still in the engine are aborted at once.
         async with contextlib.aclosing(self._captures(inputs, manifest.prompts_done)) as captures:
-            async for prompt in captures:
-                if prompt is None:
-                    return None  # stopped
-                buffer.append(prompt)
-                if len(buffer) == size or prompt.index == last:
-                    if not await self._write_shard(manifest, stats, buffer):
-                        return None  # stopped while waiting for the key's slot
-                    buffer = []
+            try:
+                async for prompt in captures:
+                    if prompt is None:
+                        await self._written(writing)
+                        return None  # stopped
+                    buffer.append(prompt)
+                    if len(buffer) == size or prompt.index == last:
+                        if not await self._written(writing):
+                            return None  # stopped while waiting for the key's slot
+                        writing = asyncio.ensure_future(self._write_shard(manifest, stats, buffer))
+                        buffer = []
+                if not await self._written(writing):
+                    return None
+            finally:
+                # A failure or a cancellation cuts the write short, as a crash would: the
+                # manifest still names only complete shards.
+                if writing is not None and not writing.done():
+                    writing.cancel()
+                    await asyncio.gather(writing, return_exceptions=True)
         manifest.complete = True
         await self.files.write(
             part_manifest_name(self.harvest_id, self.plan.index), manifest.to_bytes()
@@ -264,6 +280,17 @@ class PartRun:
         finally:
             release(capture_id, root=root)
         return HarvestedPrompt(index=index, tokens=tokens.astype(np.int32), bits=bits)
+
+    async def _written(self, writing: asyncio.Task[bool] | None) -> bool:
+        """Waits for the shard being written (if any): False when the job was stopped before it
+        could be held. The wait is the part's time with no new prompts going in."""
+        if writing is None:
+            return True
+        started = time.perf_counter()
+        try:
+            return await writing
+        finally:
+            self.timings.write_wait_s += time.perf_counter() - started
 
     async def _write_shard(
         self, manifest: PartManifest, stats: LayerStats, prompts: list[HarvestedPrompt]

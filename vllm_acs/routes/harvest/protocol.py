@@ -39,8 +39,9 @@ class HarvestResult(BaseModel):
     shard_urls: list[str]
     stats_url: str
     timings: dict[str, Any] = Field(
-        description="forward_s and write_s (summed over parts), wall_s, tokens, prompts, parts, "
-        "nodes"
+        description="forward_s (time with prompts in the engine) and write_s (time writing "
+        "shards, mostly while the next shard's prompts run), both summed over parts; wall_s, "
+        "tokens, prompts, parts, nodes"
     )
 
 
