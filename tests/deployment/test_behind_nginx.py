@@ -68,8 +68,11 @@ LEASE_MS = 10000
 # 4 s a loaded machine's stall loses healthy jobs, tests/e2e/test_jobs_shared.py).
 JOB_LEASE_MS = 5000
 HIDDEN = 128  # the tiny model's
-# The harvest killed mid-way: 60 shards of 4 prompts, 2 prompts in the engine at a time.
-KILL_PROMPTS, KILL_SHARD_SIZE, KILL_PROMPT_TOKENS = 240, 4, 60
+# The harvest killed mid-way: 60 shards of 4 prompts, 2 prompts in the engine at a time. A
+# shard's prompts take longer in the engine than its write, which runs beside the next shard's
+# prompts (harvest/part_run.py): with 60-token prompts the writes went back to back, two shards
+# could land between the wait's look and the kill, and the part was whole when killed.
+KILL_PROMPTS, KILL_SHARD_SIZE, KILL_PROMPT_TOKENS = 240, 4, 240
 KILL_SHARDS = KILL_PROMPTS // KILL_SHARD_SIZE
 # Harvests run in parts of 4 shards, one part at a time per node: both nodes of a model take
 # parts of one harvest.
