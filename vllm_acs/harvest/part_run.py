@@ -160,8 +160,9 @@ class PartRun:
                     return None
             finally:
                 # A failure or a cancellation cuts the write short, as a crash would: the
-                # manifest still names only complete shards.
-                if writing is not None and not writing.done():
+                # manifest still names only complete shards. (Once the write is done, `cancel`
+                # does nothing and this only collects its outcome.)
+                if writing is not None:
                     writing.cancel()
                     await asyncio.gather(writing, return_exceptions=True)
         manifest.complete = True
