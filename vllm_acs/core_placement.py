@@ -3,11 +3,11 @@
 API server process, once the engine is up, on vLLM's CPU build. With `VLLM_CPU_OMP_THREADS_BIND`
 at `auto` (vLLM's default) or a core list, vLLM binds each worker's OpenMP threads to cores of
 their own and leaves the others (on x86, one core per worker) for the rest of the node. It binds
-nothing else: the API server's threads, EngineCore's and a worker's own helper threads still run
-on any core, the workers' included, where an OpenMP thread computes without pause while a
-harvest runs. Measured on two cores (docs/decisions.md, "The node's own threads stay off the
-workers' cores"), a thread that waits there for its turn can wait a second or more; so this
-binds every thread of the node's process tree that vLLM left unbound to the cores it left free.
+nothing else: the API server's and EngineCore's threads still run on any core, the workers'
+included, where an OpenMP thread computes without pause while a harvest runs. Measured on two
+cores (docs/decisions.md, "The node's own threads stay off the workers' cores"), a thread that
+waits there for its turn can wait a second or more; so this binds every thread of the node's
+process tree that vLLM left unbound to the cores it left free.
 
 Nothing changes when vLLM bound nothing (`nobind`: the test harness, several nodes on one
 machine), when it left no core free, or when the API server is not EngineCore's parent (more
@@ -16,13 +16,10 @@ than one API server).
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable
 
 import psutil
-
-logger = logging.getLogger(__name__)
 
 
 def cores_left(masks: Iterable[frozenset[int]], allowed: frozenset[int]) -> frozenset[int] | None:
