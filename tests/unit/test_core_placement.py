@@ -58,25 +58,27 @@ TREE = textwrap.dedent(
     worker = subprocess.Popen(
         [sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE, text=True
     )
-    assert worker.stdout.readline().strip() == "ready"
-    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
-    left = keep_off_worker_cores()
-    later = []
-    started = threading.Thread(target=lambda: later.append(sorted(os.sched_getaffinity(0))))
-    started.start()
-    started.join()
+    try:
+        assert worker.stdout.readline().strip() == "ready"
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        left = keep_off_worker_cores()
+        later = []
+        started = threading.Thread(target=lambda: later.append(sorted(os.sched_getaffinity(0))))
+        started.start()
+        started.join()
 
-    def masks(pid):
-        tasks = os.listdir(f"/proc/{pid}/task")
-        return sorted(sorted(os.sched_getaffinity(int(t))) for t in tasks)
+        def masks(pid):
+            tasks = os.listdir(f"/proc/{pid}/task")
+            return sorted(sorted(os.sched_getaffinity(int(t))) for t in tasks)
 
-    print(json.dumps({
-        "left": sorted(left),
-        "ours": masks(os.getpid()),
-        "worker": masks(worker.pid),
-        "later": later[0],
-    }))
-    worker.kill()
+        print(json.dumps({
+            "left": sorted(left),
+            "ours": masks(os.getpid()),
+            "worker": masks(worker.pid),
+            "later": later[0],
+        }))
+    finally:  # a failed check leaves no sleeping worker behind
+        worker.kill()
     """
 )
 
