@@ -64,6 +64,20 @@ def sigkill_group(pgid: int, timeout_s: float = 15.0) -> None:
     assert group_members(pgid) == [], "processes of the killed node survived SIGKILL"
 
 
+@contextlib.contextmanager
+def frozen_groups(pgids: list[int]) -> Iterator[None]:
+    """Process groups stopped (SIGSTOP) for the block, then continued (SIGCONT): what they
+    wrote can be read while none of it moves on. A group killed meanwhile stays dead."""
+    for pgid in pgids:
+        os.killpg(pgid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pgid in pgids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGCONT)
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes in process group `pgid`, read from /proc."""
     members = []
