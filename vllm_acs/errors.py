@@ -10,6 +10,18 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+# A value a client sent, repeated in an error message, is cut to this many characters: a
+# 100,000-character model name or id comes back as its start and the count of what was left out.
+ECHO_CHARS = 80
+
+
+def echoed(value: object) -> str:
+    """`value` as text for an error message, at most ECHO_CHARS of it and the count of the rest."""
+    text = str(value)
+    if len(text) <= ECHO_CHARS:
+        return text
+    return f"{text[:ECHO_CHARS]}... ({len(text) - ECHO_CHARS:,} more characters)"
+
 
 class AcsError(Exception):
     """An error a client sees. Subclasses fix status, type and code; instances carry the message."""

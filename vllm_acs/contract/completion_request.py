@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, echoed
 from .activation_fields import (
     OutputResidualStream,
     SteeringVectors,
@@ -166,8 +166,8 @@ def invalid_request_from(exc: ValidationError) -> InvalidRequest:
     error = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
     kind = error["type"]
     field = _field_path(error["loc"], client_key_last=kind == "extra_forbidden")
-    if kind == "extra_forbidden":
-        return InvalidRequest(f"Unknown field '{field}'.", param=field)
+    if kind == "extra_forbidden":  # the client's own key, of any length
+        return InvalidRequest(f"Unknown field '{echoed(field)}'.", param=echoed(field))
     if kind == "missing":
         return InvalidRequest(f"Missing required field '{field}'.", param=field)
     if kind in _TYPE_WORDS:

@@ -14,6 +14,7 @@ from ..errors import (
     FullVocabPromptTooLong,
     InvalidRequest,
     UnknownModel,
+    echoed,
 )
 from ..served_model import NodeModels, ServedModel
 from ..settings import Settings
@@ -41,8 +42,8 @@ def resolve_model(request: CompletionRequest, models: NodeModels) -> ServedModel
     if served is None:
         known = ", ".join(m.id for m in models.all())
         raise UnknownModel(
-            f"The model '{request.model}' does not exist. Use a short id from GET /v1/models: "
-            f"{known}.",
+            f"The model '{echoed(request.model)}' does not exist. "
+            f"Use a short id from GET /v1/models: {known}.",
             param="model",
         )
     return served

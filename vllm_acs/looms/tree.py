@@ -6,14 +6,16 @@ job read the tree the same way.
 
 from __future__ import annotations
 
-from ..errors import LoomNodeConflict, LoomNodeNotFound
+from ..errors import LoomNodeConflict, LoomNodeNotFound, echoed
 from ..storage.loom_records import LoomNode, LoomTree
 
 
 def node_of(tree: LoomTree, node_id: str) -> LoomNode:
     node = tree.node(node_id)
     if node is None:
-        raise LoomNodeNotFound(f"No Node {node_id!r} in Loom {tree.loom.id!r}.", param="node_id")
+        raise LoomNodeNotFound(
+            f"No Node {echoed(node_id)!r} in Loom {tree.loom.id!r}.", param="node_id"
+        )
     return node
 
 

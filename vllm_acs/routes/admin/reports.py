@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi.responses import Response
 
-from ...errors import AccountNotFound
+from ...errors import AccountNotFound, echoed
 from ...storage import Storage
 from ...storage.errors import NotFoundError
 from ...storage.key_events import ACTIONS
@@ -61,7 +61,9 @@ class AdminReports:
             try:
                 account_id = (await self._storage.accounts.get(account_ref)).id
             except NotFoundError:
-                raise AccountNotFound(f"No account '{account_ref}'.", param="account_id") from None
+                raise AccountNotFound(
+                    f"No account '{echoed(account_ref)}'.", param="account_id"
+                ) from None
         rows = await self._storage.usage.days_across_accounts(
             period,
             account_id=account_id,

@@ -24,6 +24,7 @@ from ...errors import (
     InvalidRequest,
     KeyNotChangeable,
     ScopeDenied,
+    echoed,
 )
 from ...errors import KeyNotFound as KeyNotFoundError
 from ...storage.accounts import Account
@@ -127,7 +128,7 @@ class AdminService:
                 done = await applications.reject(actor, application_id, note=rejected.note)
         except NoApplication:
             raise ApplicationNotFound(
-                f"No application '{application_id}'.", param="application_id"
+                f"No application '{echoed(application_id)}'.", param="application_id"
             ) from None
         except NotPending as error:
             raise ApplicationNotPending(
@@ -141,7 +142,7 @@ class AdminService:
         try:
             return await self._services[1].get(ref)
         except NotFoundError:
-            raise AccountNotFound(f"No account '{ref}'.", param="account_id") from None
+            raise AccountNotFound(f"No account '{echoed(ref)}'.", param="account_id") from None
 
     async def accounts(self) -> dict[str, Any]:
         manager, period = self._services[1], month_of(self.clock())
@@ -204,7 +205,7 @@ class AdminService:
         try:
             key = await self._services[2].edit(Actor.admin(principal), key_id, settings, state)
         except KeyNotFound:
-            raise KeyNotFoundError(f"No API key '{key_id}'.", param="key_id") from None
+            raise KeyNotFoundError(f"No API key '{echoed(key_id)}'.", param="key_id") from None
         except KeyRevoked:
             raise KeyNotChangeable(
                 f"API key '{key_id}' is revoked; revoking is for good."

@@ -31,6 +31,7 @@ from ...errors import (
     HarvestUnsupported,
     InvalidRequest,
     UnknownModel,
+    echoed,
 )
 from ...harvest.download_urls import UrlRefused, UrlSigner
 from ...harvest.inputs import HarvestRequest, PreparedPrompts, prepare_prompts, save_input
@@ -193,7 +194,7 @@ class HarvestService:
         body = parse_harvest_body(loads_bounded(raw))
         model = self.models.get(body.model)
         if model is None:
-            raise UnknownModel(f"The model '{body.model}' does not exist.", param="model")
+            raise UnknownModel(f"The model '{echoed(body.model)}' does not exist.", param="model")
         if model.n_layers <= 0 or model.hidden_size <= 0:
             raise HarvestUnsupported(
                 f"The model '{model.id}' cannot be harvested on this node.", param="model"
@@ -242,7 +243,9 @@ class HarvestService:
     async def get(self, job_id: str, principal: Principal) -> Job:
         job = await self._storage.jobs.get(job_id, principal.key_id)
         if job is None or job.kind != KIND:
-            raise HarvestNotFound(f"No harvest {job_id!r} for this API key.", param="job_id")
+            raise HarvestNotFound(
+                f"No harvest {echoed(job_id)!r} for this API key.", param="job_id"
+            )
         return job
 
     async def read(

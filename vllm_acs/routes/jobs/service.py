@@ -24,6 +24,7 @@ from ...errors import (
     JobCapacity,
     JobNotCancellable,
     JobNotFound,
+    echoed,
 )
 from ...jobs.completion import KIND, job_request
 from ...jobs.runner import JobRunner
@@ -122,7 +123,9 @@ class JobService:
     async def get(self, job_id: str, principal: Principal) -> Job:
         job = await self._storage.jobs.get(job_id, principal.key_id)
         if job is None or job.kind != KIND:  # a harvest is read at /v1/harvest/{id}
-            raise JobNotFound(f"No completion job {job_id!r} for this API key.", param="job_id")
+            raise JobNotFound(
+                f"No completion job {echoed(job_id)!r} for this API key.", param="job_id"
+            )
         return job
 
     async def read(self, job_id: str, principal: Principal, wait_s: int | None) -> Answer:

@@ -24,7 +24,7 @@ from ...account.key_manager import (
 )
 from ...auth.principal import Principal
 from ...contract.completion_request import parse_body
-from ...errors import InvalidRequest, KeyCapacity, KeyNotChangeable, ScopeDenied
+from ...errors import InvalidRequest, KeyCapacity, KeyNotChangeable, ScopeDenied, echoed
 from ...errors import KeyNotFound as KeyNotFoundError
 from ...storage import Storage
 from ...storage.api_keys import ApiKey
@@ -57,7 +57,7 @@ def key_view(key: ApiKey, month_spend: int, last_used_at: datetime | None) -> Ap
 
 def _as_acs_error(error: Exception, key_id: str | None = None) -> Exception:
     if isinstance(error, KeyNotFound):
-        return KeyNotFoundError(f"No API key '{key_id}' in this account.", param="key_id")
+        return KeyNotFoundError(f"No API key '{echoed(key_id)}' in this account.", param="key_id")
     if isinstance(error, (ScopeEscalation, LimitAboveOwn, OperatorPaused)):
         return ScopeDenied(str(error), param=error.field)
     if isinstance(error, TooManyKeys):

@@ -26,7 +26,7 @@ from ...contract.loom_requests import (
     NodeSplitBody,
     NodeTextBody,
 )
-from ...errors import InvalidRequest, LoomNodeNotFound, LoomNotFound
+from ...errors import InvalidRequest, LoomNodeNotFound, LoomNotFound, echoed
 from ...looms import operations
 from ...looms.export_file import export_head, export_node
 from ...looms.import_file import nodes_from_file
@@ -138,7 +138,7 @@ class LoomService:
     async def tree(self, loom_id: str, principal: Principal) -> LoomTree:
         tree = await self._storage.looms.tree(loom_id, principal.key_id)
         if tree is None:
-            raise LoomNotFound(f"No Loom {loom_id!r} for this API key.", param="loom_id")
+            raise LoomNotFound(f"No Loom {echoed(loom_id)!r} for this API key.", param="loom_id")
         return tree
 
     async def read(self, loom_id: str, principal: Principal) -> Answer:
@@ -163,7 +163,9 @@ class LoomService:
         for attempt in range(_READ_TRIES):
             found = await looms.outline(loom_id, principal.key_id)
             if found is None:
-                raise LoomNotFound(f"No Loom {loom_id!r} for this API key.", param="loom_id")
+                raise LoomNotFound(
+                    f"No Loom {echoed(loom_id)!r} for this API key.", param="loom_id"
+                )
             loom, places = found
             parts, children = [head(loom)], _children(places)
             written = False
@@ -191,7 +193,7 @@ class LoomService:
 
     async def delete(self, loom_id: str, principal: Principal) -> dict[str, Any]:
         if not await self._storage.looms.delete(loom_id, principal.key_id):
-            raise LoomNotFound(f"No Loom {loom_id!r} for this API key.", param="loom_id")
+            raise LoomNotFound(f"No Loom {echoed(loom_id)!r} for this API key.", param="loom_id")
         return {"id": loom_id, "object": "loom.deleted", "deleted": True}
 
     async def change_tree(
@@ -212,7 +214,7 @@ class LoomService:
             doing = "; delete some to add more" if error.limit == "nodes" else ""
             raise loom_limit_error(error, doing) from None
         if changed is None:
-            raise LoomNotFound(f"No Loom {loom_id!r} for this API key.", param="loom_id")
+            raise LoomNotFound(f"No Loom {echoed(loom_id)!r} for this API key.", param="loom_id")
         return changed
 
     async def _node_operation(
@@ -261,14 +263,14 @@ class LoomService:
     async def _places(self, loom_id: str, principal: Principal) -> list[NodePlace]:
         found = await self._storage.looms.outline(loom_id, principal.key_id)
         if found is None:
-            raise LoomNotFound(f"No Loom {loom_id!r} for this API key.", param="loom_id")
+            raise LoomNotFound(f"No Loom {echoed(loom_id)!r} for this API key.", param="loom_id")
         return found[1]
 
     async def _read_nodes(self, loom_id: str, node_ids: list[str]) -> list[LoomNode]:
         found = await self._storage.looms.nodes(loom_id, node_ids)
         missing = [node_id for node_id in node_ids if node_id not in found]
         if missing:
-            message = f"No Node {missing[0]!r} in Loom {loom_id!r}."
+            message = f"No Node {echoed(missing[0])!r} in Loom {echoed(loom_id)!r}."
             raise LoomNodeNotFound(message, param="node_id")
         return [found[node_id] for node_id in node_ids]
 
@@ -282,7 +284,7 @@ class LoomService:
         """The text of root..Node: the outline, then the rows of that path only."""
         parents = {place.id: place.parent_id for place in await self._places(loom_id, principal)}
         if node_id not in parents:
-            message = f"No Node {node_id!r} in Loom {loom_id!r}."
+            message = f"No Node {echoed(node_id)!r} in Loom {echoed(loom_id)!r}."
             raise LoomNodeNotFound(message, param="node_id")
         path: list[str] = []
         current: str | None = node_id

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ...deployment.registry import NodeRegistry
-from ...errors import ModelNotFound
+from ...errors import ModelNotFound, echoed
 from ...served_model import NodeModels, ServedModel
 from ..error_response import error_response
 from .protocol import ModelCard, ModelList, ModelStatus
@@ -37,7 +37,8 @@ def build_router(
 
     def not_found(request: Request, model_id: str) -> JSONResponse:
         return error_response(
-            request, ModelNotFound(f"The model '{model_id}' does not exist.", param="model_id")
+            request,
+            ModelNotFound(f"The model '{echoed(model_id)}' does not exist.", param="model_id"),
         )
 
     @router.get("/v1/models", response_model=ModelList)
