@@ -37,12 +37,13 @@ from ..settings import Settings
 logger = logging.getLogger(__name__)
 
 # The most prompt tokens one batch request adds to a step while live requests are in the engine,
-# unless the operator set `batch_chunk_beside_live`. On a CPU a step's time follows its tokens:
-# measured with benchmarks/harvest_throughput.py (docs/decisions.md, issue 33), 16 keeps the
-# batch's share beside a live client near its target (24 raised it a little, and the p95 with
-# it), and smaller chunks did not bring a small completion's p50 nearer idle on a node bound as
-# it serves; on a GPU a decode step costs about the same with a hundred more tokens (not yet
-# measured there).
+# unless the operator set `batch_chunk_beside_live`. On a CPU a step's time follows its tokens,
+# so the chunk trades a live request's latency against the batch's share along one line
+# (docs/decisions.md, "The p50 against the share"): with 16 the share sat at its stated
+# minimum (a quarter of its speed alone) on the faster host measured (0.23-0.26x) and above it
+# on the slower one (0.33-0.37x, where 8 gave 0.21-0.22x); a smaller chunk would fall below
+# it. On a GPU a decode step costs about the same with a hundred more tokens (not yet measured
+# there).
 CPU_CHUNK_BESIDE_LIVE = 16
 GPU_CHUNK_BESIDE_LIVE = 64
 
