@@ -61,6 +61,15 @@ def _shards_of_parts(home: Path, job_id: str) -> dict[int, list[int]]:
     return listed
 
 
+def _states_of_parts(home: Path, job_id: str) -> dict[int, list[int]]:
+    """The statistics states each part has in _parts/ (state_PPPP_NNNNN: after NNNNN shards)."""
+    states: dict[int, list[int]] = {}
+    for path in sorted((_files(home, job_id) / "_parts").glob("state_*.safetensors")):
+        part, done = path.stem.split("_")[1:]
+        states.setdefault(int(part), []).append(int(done))
+    return states
+
+
 def _usage(home: Path, job_id: str) -> list[sqlite3.Row]:
     """(request_id, prompt_tokens) of the harvest's shard charges, in shard order."""
     return read_sqlite(
@@ -97,6 +106,16 @@ def test_a_killed_harvest_resumes_after_its_last_shard_and_matches_an_uninterrup
     done_at_kill = sorted(n for shards in at_kill.values() for n in shards)
     assert KILL_AFTER_SHARDS <= len(done_at_kill) < N_SHARDS, at_kill
     charged_at_kill = len(_usage(home, job_id))
+    # Each part keeps the statistics state its manifest names, and the one before it (its delete
+    # cut short by the kill) or the next (written before the manifest that names it): two at
+    # most, not one per shard.
+    for part, states in _states_of_parts(home, job_id).items():
+        listed = len(at_kill.get(part, []))
+        assert set(states) <= {listed - 1, listed, listed + 1} and len(states) <= 2, (
+            part,
+            states,
+            at_kill,
+        )
 
     second = crash_node(
         tiny_model_dir, home, "node-second", lease_ms=RESTARTED_LEASE_MS, env=IN_FLIGHT
@@ -153,6 +172,8 @@ def test_a_killed_harvest_resumes_after_its_last_shard_and_matches_an_uninterrup
     manifest, reference_manifest = _manifest(home, job_id), _manifest(home, reference_id)
     assert manifest is not None and reference_manifest is not None
     assert manifest["shards"] == reference_manifest["shards"]
+    # Merged: no part's statistics state is left.
+    assert _states_of_parts(home, job_id) == {} == _states_of_parts(home, reference_id)
 
     rows = _usage(home, job_id)
     # Every listed shard was charged before it was listed; one more per running part may have

@@ -1,5 +1,5 @@
 """The job-file store's contract, on the local directory and on S3 (a real SeaweedFS): atomic
-whole-file writes, byte ranges, sizes, children, times, trees deleted, safe names only."""
+whole-file writes, byte ranges, sizes, children, times, files and trees deleted, safe names only."""
 
 from __future__ import annotations
 
@@ -118,6 +118,21 @@ def test_delete_tree(store):
         assert await store.modified_at("harvests/job_1") is None
         await store.delete_tree("harvests/job_2/a")  # one file
         assert await store.size("harvests/job_2/a") is None
+
+    asyncio.run(scenario())
+
+
+def test_delete_one_file(store):
+    async def scenario() -> None:
+        await store.write("harvests/job_3/_parts/state_0000_00001.safetensors", b"1")
+        await store.write("harvests/job_3/_parts/state_0000_00002.safetensors", b"22")
+        await store.delete("harvests/job_3/_parts/state_0000_00001.safetensors")
+        await store.delete("harvests/job_3/_parts/state_0000_00001.safetensors")  # idempotent
+        await store.delete("harvests/job_3/_parts/never_written")
+        assert await store.size("harvests/job_3/_parts/state_0000_00001.safetensors") is None
+        assert await store.size("harvests/job_3/_parts/state_0000_00002.safetensors") == 2
+        with pytest.raises(FileNameError):
+            await store.delete("harvests/../job_3")
 
     asyncio.run(scenario())
 

@@ -3,7 +3,8 @@
 one-node run's within float rounding; bit-identical when the harvest was one part).
 
 API server process (the harvest kind, once its last part has ended). Reading the parts' files
-again gives the same result, so a harvest that crashed mid-merge merges again.
+again gives the same result, so a harvest that crashed mid-merge merges again; once the manifest
+is written the merge is done, and its parts' statistics states are deleted.
 """
 
 from __future__ import annotations
@@ -28,11 +29,19 @@ async def merge_parts(
     files: FileStore, harvest_id: str, plans: Sequence[PartPlan], manifest: Manifest
 ) -> Manifest:
     """Writes stats.safetensors, then manifest.json (complete, every shard listed): the manifest
-    last, so a complete manifest always has its statistics beside it."""
+    last, so a complete manifest always has its statistics beside it. Then the parts'
+    statistics states go: a merge run again (its harvest's node died before the harvest's end
+    was recorded) finds the complete manifest and returns it."""
+    prefix = job_prefix(harvest_id)
+    written = await _merged_before(files, prefix)
+    if written is not None:
+        return written
     merged: LayerStats | None = None
+    states = []
     for plan in plans:
         part = await _complete_part(files, harvest_id, plan)
-        saved = await files.read(part_state_name(harvest_id, plan.index, len(part.shards)))
+        states.append(part_state_name(harvest_id, plan.index, len(part.shards)))
+        saved = await files.read(states[-1])
         stats = LayerStats.from_state(await asyncio.to_thread(state_from_bytes, saved))
         if merged is None:
             merged = stats
@@ -41,11 +50,20 @@ async def merge_parts(
         manifest.shards.extend(part.shards)
     assert merged is not None, "a harvest has at least one part"
     final = await asyncio.to_thread(stats_bytes, merged.final(), manifest.layer_indices)
-    prefix = job_prefix(harvest_id)
     await files.write(f"{prefix}/{STATS}", final)
     manifest.complete = True
     await files.write(f"{prefix}/{MANIFEST}", manifest.to_bytes())
+    for name in states:
+        await files.delete(name)
     return manifest
+
+
+async def _merged_before(files: FileStore, prefix: str) -> Manifest | None:
+    try:
+        manifest = Manifest.from_bytes(await files.read(f"{prefix}/{MANIFEST}"))
+    except FileNotFoundError:
+        return None
+    return manifest if manifest.complete else None
 
 
 async def _complete_part(files: FileStore, harvest_id: str, plan: PartPlan) -> PartManifest:

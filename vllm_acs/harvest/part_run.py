@@ -177,22 +177,47 @@ class PartRun:
             manifest = PartManifest.from_bytes(await self.files.read(name))
         except FileNotFoundError:
             manifest = None
-        if manifest is not None and manifest.shards:
-            saved = await self.files.read(
-                part_state_name(self.harvest_id, self.plan.index, len(manifest.shards))
-            )
-            state = await asyncio.to_thread(state_from_bytes, saved)
-            logger.info(
-                "harvest %s part %d resumes after shard %d (%d prompts done)",
+        fresh = (
+            PartManifest.of(self.plan),
+            LayerStats(len(self.request.layers), self.model.hidden_size),
+        )
+        if manifest is None or not manifest.shards:
+            return fresh
+        state_name = part_state_name(self.harvest_id, self.plan.index, len(manifest.shards))
+        try:
+            saved = await self.files.read(state_name)
+        except FileNotFoundError:
+            # Only where two attempts of the part overlapped (a stalled node's lease taken over)
+            # and one deleted the state that the other's manifest names: the part starts over.
+            # Its shards are written again, and their usage rows charge nothing twice.
+            logger.warning(
+                "harvest %s part %d: %s is gone; the part starts over",
                 self.harvest_id,
                 self.plan.index,
-                manifest.next_shard - 1,
-                manifest.prompts_done,
+                state_name,
             )
-            return manifest, LayerStats.from_state(state)
-        return PartManifest.of(self.plan), LayerStats(
-            len(self.request.layers), self.model.hidden_size
+            return fresh
+        state = await asyncio.to_thread(state_from_bytes, saved)
+        logger.info(
+            "harvest %s part %d resumes after shard %d (%d prompts done)",
+            self.harvest_id,
+            self.plan.index,
+            manifest.next_shard - 1,
+            manifest.prompts_done,
         )
+        return manifest, LayerStats.from_state(state)
+
+    async def _forget_state(self, shards_done: int) -> None:
+        """Deletes the statistics state the part's manifest named before its last shard (each is
+        as large as the harvest's statistics: megabytes for a large model, one per shard). Best
+        effort: one left behind goes with the harvest's files."""
+        if shards_done < 1:
+            return
+        name = part_state_name(self.harvest_id, self.plan.index, shards_done)
+        try:
+            await self.files.delete(name)
+        except Exception:
+            logger.warning("harvest %s: %s not deleted", self.harvest_id, name, exc_info=True)
 
     async def _report(self, manifest: PartManifest) -> None:
         """The part's progress on its job row, for the harvest's GET (best effort: a lost write
@@ -334,6 +359,7 @@ class PartRun:
         await self.files.write(
             part_manifest_name(self.harvest_id, self.plan.index), manifest.to_bytes()
         )
+        await self._forget_state(len(manifest.shards) - 1)
         await self._report(manifest)
         self.timings.write_s += time.perf_counter() - started
         self.timings.tokens += n_tokens

@@ -56,6 +56,10 @@ class FileStore(Protocol):
         from the first chunk when there is no such file."""
         ...
 
+    async def delete(self, name: str) -> None:
+        """Removes the file `name` (idempotent: nothing when there is none)."""
+        ...
+
     async def delete_tree(self, prefix: str) -> None:
         """Removes every file under `prefix` (idempotent)."""
         ...
@@ -122,6 +126,9 @@ class LocalFileStore:
                 yield data
         finally:
             handle.close()
+
+    async def delete(self, name: str) -> None:
+        await asyncio.to_thread(self._path(name).unlink, missing_ok=True)
 
     async def delete_tree(self, prefix: str) -> None:
         await asyncio.to_thread(_delete_tree, self._path(prefix))

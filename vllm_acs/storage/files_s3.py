@@ -86,6 +86,10 @@ class S3FileStore:
         async for chunk in result.stream(min_chunk_size=self.CHUNK):
             yield bytes(chunk)
 
+    async def delete(self, name: str) -> None:
+        check_name(name)
+        await obstore.delete_async(self.store, name)  # S3 deletes a missing key without error
+
     async def delete_tree(self, prefix: str) -> None:
         check_name(prefix)
         keys: list[str] = []
