@@ -1,6 +1,7 @@
 """The harvest read on the service alone (a stand-in job store): past the node's
 number of waiting reads it answers at once with `X-Acs-Longpoll: declined` and `Retry-After: 3`;
-otherwise it holds until the status changes; the URLs it answers expire 7 days after the harvest
+otherwise it holds until the status changes (at once when this node's runner ends the harvest);
+the URLs it answers expire 7 days after the harvest
 ended (an explicit clock)."""
 
 from __future__ import annotations
@@ -110,6 +111,31 @@ def test_it_answers_when_the_status_changes(monkeypatch):
         return answer.body
 
     assert asyncio.run(scenario())["status"] == "cancelled"
+
+
+def test_a_harvest_this_node_ends_is_answered_at_once_not_at_the_next_read(monkeypatch):
+    from vllm_acs.jobs.watch import JobWatch
+
+    # Reads far apart: only the runner's watch can answer the wait within the test's second.
+    monkeypatch.setattr(service_module, "LONG_POLL_STEP_S", 30)
+    service, jobs = _service(long_polls=1)
+
+    async def nothing_ended_elsewhere(awaited: object) -> list[str]:
+        return []
+
+    async def scenario() -> dict:
+        watch = JobWatch(nothing_ended_elsewhere, check_every_s=30)
+        service.runner = SimpleNamespace(watch=watch)
+        read = asyncio.ensure_future(service.read("job_1", _principal(), 60, "http://node"))
+        await asyncio.sleep(0.05)
+        assert not read.done() and watch.waiting == 1
+        jobs.job = replace(JOB, status=JobStatus.FAILED, finished_at=NOW)
+        watch.ended("job_1")  # as the runner does when it writes the harvest's end
+        answer = await asyncio.wait_for(read, 1)
+        await watch.close()
+        return answer.body
+
+    assert asyncio.run(scenario())["status"] == "failed"
 
 
 def test_urls_expire_seven_days_after_the_harvest_ended():

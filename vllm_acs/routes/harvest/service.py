@@ -267,13 +267,23 @@ class HarvestService:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + min(wait_s, LONG_POLL_MAX_S)
             while loop.time() < deadline:
-                await asyncio.sleep(min(LONG_POLL_STEP_S, max(0.0, deadline - loop.time())))
+                step = min(LONG_POLL_STEP_S, max(0.0, deadline - loop.time()))
+                await self._ended_within(job.id, step)
                 now = await self.get(job.id, principal)
                 if now.status != job.status:
                     return now
             return job
         finally:
             self.long_polls -= 1
+
+    async def _ended_within(self, job_id: str, seconds: float) -> None:
+        """Returns after `seconds`, or at once when this node's runner ends the harvest (its
+        watch; the harvest ended elsewhere is seen by the next read)."""
+        watch = getattr(self.runner, "watch", None)
+        if watch is None:
+            await asyncio.sleep(seconds)
+        else:
+            await watch.wait_ended(job_id, seconds)
 
     async def cancel(self, job_id: str, principal: Principal, base_url: str) -> Answer:
         before = await self.get(job_id, principal)
