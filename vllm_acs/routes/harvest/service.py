@@ -279,11 +279,10 @@ class HarvestService:
     async def _ended_within(self, job_id: str, seconds: float) -> None:
         """Returns after `seconds`, or at once when this node's runner ends the harvest (its
         watch; the harvest ended elsewhere is seen by the next read)."""
-        watch = getattr(self.runner, "watch", None)
-        if watch is None:
+        if self.runner is None:
             await asyncio.sleep(seconds)
         else:
-            await watch.wait_ended(job_id, seconds)
+            await self.runner.watch.wait_ended(job_id, seconds)
 
     async def cancel(self, job_id: str, principal: Principal, base_url: str) -> Answer:
         before = await self.get(job_id, principal)
