@@ -1,6 +1,7 @@
 """A value the client sent and an error message repeats (an unknown model, an id that is not the
 caller's) comes back cut to its first `ECHO_CHARS` characters and the count of the rest, not in
-full: a 100,000-character model name is a 400 of a few hundred bytes."""
+full: a 100,000-character model name is a 400 of a few hundred bytes; so is a 5,000-character
+path that names no route (404) or a route without that method (405)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,20 @@ def test_an_unknown_long_field_is_a_short_400(acs_server, key, model_id):
     _cut(error["message"], field)
     assert error["param"] == echoed(field)
     assert len(answer.content) < 2 * BOUND
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("GET", "/v1/nothing/" + "p" * 5_000, 404, "not_found"),
+        ("GET", "/v1/keys/" + "k" * 5_000, 405, "method_not_allowed"),
+    ],
+)
+def test_a_long_unknown_path_is_a_short_404_or_405(acs_server, key, method, path, status, code):
+    answer = httpx.request(
+        method, f"{acs_server.base_url}{path}", headers={"Authorization": f"Bearer {key}"}
+    )
+    assert answer.status_code == status, answer.text[:BOUND]
+    error = answer.json()["error"]
+    assert error["code"] == code
+    _cut(error["message"], path)

@@ -11,7 +11,7 @@ connections are refused: the surface has none.
 from __future__ import annotations
 
 from ..contract.routes import Surface, allowed_methods
-from ..errors import ChatCompletionsUnsupported, MethodNotAllowed, NotFound
+from ..errors import ChatCompletionsUnsupported, MethodNotAllowed, NotFound, echoed
 from .asgi import ASGIApp, Message, Receive, Scope, Send, header, send_error
 
 CHAT_PATH = "/v1/chat/completions"
@@ -37,13 +37,15 @@ class RouteGateMiddleware:
         route = self.surface.find(path)
         if route is None:
             await send_error(
-                scope, send, NotFound(f"Unknown route: {method} {path}. See /openapi.json.")
+                scope,
+                send,
+                NotFound(f"Unknown route: {echoed(method)} {echoed(path)}. See /openapi.json."),
             )
             return
         allowed = allowed_methods(route)
         if method not in allowed and not _is_cors_preflight(scope):
             error = MethodNotAllowed(
-                f"{method} is not allowed on {path}; use {', '.join(allowed)}.",
+                f"{echoed(method)} is not allowed on {echoed(path)}; use {', '.join(allowed)}.",
                 headers={"allow": ", ".join(allowed)},
             )
             await send_error(scope, send, error)

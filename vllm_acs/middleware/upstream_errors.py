@@ -21,6 +21,7 @@ from ..errors import (
     VllmEngineDead,
     VllmInvalidRequest,
     VllmOom,
+    echoed,
 )
 
 _CONTEXT_WORDS = ("context length", "maximum context", "max_model_len", "model length")
@@ -70,9 +71,9 @@ def engine_error(status: int, message: str) -> AcsError:
 def framework_error(status: int, message: str, method: str, path: str) -> AcsError:
     """An error answer of a non-engine route (the framework's 404/405/400s, a bare 500)."""
     if status == 404:
-        return NotFound(f"Not found: {method} {path}.")
+        return NotFound(f"Not found: {echoed(method)} {echoed(path)}.")
     if status == 405:
-        return MethodNotAllowed(f"{method} is not allowed on {path}.")
+        return MethodNotAllowed(f"{echoed(method)} is not allowed on {echoed(path)}.")
     if 400 <= status < 500:
         return InvalidRequest(message or f"The request was refused (HTTP {status}).")
     return InternalError()

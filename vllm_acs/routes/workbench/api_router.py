@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from ...errors import NotFound
+from ...errors import NotFound, echoed
 from ..error_response import error_response
 from .assets import INDEX, SECURITY_HEADERS, load_assets
 
@@ -24,7 +24,7 @@ def build_router(feedback_url: str | None) -> APIRouter:
     def serve(request: Request, name: str) -> Response:
         asset = assets.get(name)
         if asset is None:
-            missing = NotFound(f"Unknown route: GET {request.url.path}. See /openapi.json.")
+            missing = NotFound(f"Unknown route: GET {echoed(request.url.path)}. See /openapi.json.")
             return error_response(request, missing)
         return Response(asset.body, media_type=asset.content_type, headers=SECURITY_HEADERS)
 
