@@ -106,12 +106,15 @@ class Settings:
     # Whether this node claims harvests and completion jobs from the queue (false: an
     # interactive-only node; the deployment's other nodes take the batch work).
     batch_work: bool = True
-    # Prompt tokens one batch request (a harvest prompt, a completion job) adds to an engine
-    # step while a live request is in the engine, or was within 0.25 s
-    # (engine_core/live_first.py): the smaller, the
-    # less a harvest slows live requests, and the slower it goes beside them. Unset: 16 on a CPU
-    # (where a step's time follows its tokens), 64 on a GPU (where a hundred more tokens cost a
-    # decode step little; not yet measured there).
+    # Whether batch requests (harvest prompts, completion jobs) sit out the engine steps that
+    # carry a live request, for up to 50 ms at a time (engine_core/live_first.py). Unset: yes
+    # on a CPU (where a step's time follows its tokens), no on a GPU.
+    batch_sits_out_live_steps: bool | None = None
+    # Prompt tokens one batch request adds to an engine step while a live request is in the
+    # engine, or was within 0.25 s: the smaller, the less a harvest slows live requests, and
+    # the slower it goes beside them. Unset: 128 on a CPU (there it bounds the steps between a
+    # client's requests), 64 on a GPU (where a hundred more tokens cost a decode step little;
+    # not yet measured there).
     batch_chunk_beside_live: int | None = None
     job_lease_ms: int = 30_000
     job_max_attempts: int = 3
@@ -247,7 +250,7 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 def _coerce(name: str, spec: dataclasses.Field, value: Any) -> Any:
     kind = str(spec.type)
     where = f"{ENV_PREFIX}{name.upper()} / additional_config.{ADDITIONAL_CONFIG_KEY}.{name}"
-    if kind == "bool":
+    if kind in ("bool", "bool | None"):
         if isinstance(value, bool):
             return value
         text = str(value).strip().lower()

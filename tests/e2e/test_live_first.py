@@ -1,8 +1,8 @@
 """Live requests first, on the session's node: small completions answered while a harvest and a
 burst of completion jobs run, with their latency bounded (generously here: the targets are
 benchmarks/harvest_throughput.py's), the batch work still finishing, and the harvest's rows
-(whose prefills went in small chunks beside the live requests: engine_core/live_first.py) still
-the prompts' own.
+(whose prefills sat out the live requests' steps and went in chunks between them:
+engine_core/live_first.py) still the prompts' own.
 """
 
 from __future__ import annotations

@@ -1,19 +1,27 @@
-"""vLLM's scheduler with live requests first inside each step: while live requests are in the
-engine, a batch request's prefill advances at most `batch_chunk_beside_live` tokens per step.
+"""vLLM's scheduler with live requests first inside each step: on a CPU, batch requests sit out
+the steps that carry a live request; elsewhere (and between a client's requests) a batch
+request's prefill advances at most `batch_chunk_beside_live` tokens per step.
 
 EngineCore process. `vllm-acs serve` names `live_first_scheduler` as vLLM's `--scheduler-cls`
 (with `--scheduling-policy priority`) unless the operator chose a scheduler. vLLM's priority
 policy orders the waiting queue and picks preemption victims, but the running requests share
 each step whatever their priority: a harvest prompt's 128-token prefill sat in the same step as
-a live request's one decode token, and on a CPU (or a busy GPU) a step's time grows with its
-tokens. vLLM's own bound on that, `long_prefill_token_threshold`, caps every request's prefill
-chunk; this scheduler sets it per step on its own copy of the scheduler config: while a live
-request (vLLM's default priority, 0) runs or waits beside batch work (priority 1, see
-`jobs/batch_share.py`), or did less than `LIVE_QUIET_S` ago, the cap is the larger of the chunk
-and what the live requests still need, so live prefills are never cut and batch prefills go in
-small chunks. With no live traffic (or no batch request) the operator's threshold stands, and
-batch work runs at full speed. Captures are written by position, so a chunked prompt's rows are
-the same.
+a live request's one decode token, and on a CPU a step's time grows with its tokens.
+
+- **Sitting out** (`batch_sits_out_live_steps`, on by default on a CPU): while a live request
+  (vLLM's default priority, 0) runs or waits, batch requests (priority 1, see
+  `jobs/batch_share.py`) are hidden from vLLM's `schedule()` for that step, and admission stops
+  at the live requests; they run in the steps between a client's requests. They never sit out
+  longer than `BATCH_SITS_OUT_AT_MOST_S` (the first step after it takes them in, in chunks), nor
+  while the KV cache is nearly full (vLLM would then preempt the live requests it sees).
+- **Chunks**: vLLM's own bound on a step's prefill, `long_prefill_token_threshold`, caps every
+  request's prefill chunk; this scheduler sets it per step on its own copy of the scheduler
+  config: while a live request runs or waits beside batch work, or did less than
+  `LIVE_QUIET_S` ago, the cap is the larger of the chunk and what the live requests still need,
+  so live prefills are never cut. With no live traffic (or no batch request) the operator's
+  threshold stands, and batch work runs at full speed.
+
+Captures are written by position, so a chunked or paused prompt's rows are the same.
 """
 
 from __future__ import annotations
@@ -36,16 +44,22 @@ from ..settings import Settings
 
 logger = logging.getLogger(__name__)
 
-# The most prompt tokens one batch request adds to a step while live requests are in the engine,
-# unless the operator set `batch_chunk_beside_live`. On a CPU a step's time follows its tokens,
-# so the chunk trades a live request's latency against the batch's share along one line
-# (docs/decisions.md, "The p50 against the share"): with 16 the share sat at its stated
-# minimum (a quarter of its speed alone) on the faster host measured (0.23-0.26x) and above it
-# on the slower one (0.33-0.37x, where 8 gave 0.21-0.22x); a smaller chunk would fall below
-# it. On a GPU a decode step costs about the same with a hundred more tokens (not yet measured
-# there).
-CPU_CHUNK_BESIDE_LIVE = 16
+# The most prompt tokens one batch request adds to a step while live traffic is recent, unless
+# the operator set `batch_chunk_beside_live`. On a CPU, where batch requests sit out the live
+# requests' steps, it bounds the steps between a client's requests (a live request that comes
+# waits for the one in flight) and the step that takes batch work in after
+# `BATCH_SITS_OUT_AT_MOST_S`; 128 lets the benchmark's harvest prompts go whole
+# (docs/decisions.md, "Batch work sits out the live requests' steps"). On a GPU, where batch
+# requests share the live steps, a decode step costs about the same with a hundred more tokens
+# (not yet measured there).
+CPU_CHUNK_BESIDE_LIVE = 128
 GPU_CHUNK_BESIDE_LIVE = 64
+# The longest batch requests sit out steps with live requests in them: past it the next step
+# takes them in (in chunks), so steady live traffic with no gaps never starves batch work.
+BATCH_SITS_OUT_AT_MOST_S = 0.05
+# Batch requests hidden from a step cannot be preempted in it: vLLM would preempt the live
+# requests it sees. So they sit out only while the KV cache has room.
+SITS_OUT_BELOW_KV_USAGE = 0.8
 
 
 class _Queued(Protocol):
@@ -68,6 +82,12 @@ def chunk_beside_live(settings: Settings, on_cpu: bool) -> int:
     if settings.batch_chunk_beside_live is not None:
         return settings.batch_chunk_beside_live
     return CPU_CHUNK_BESIDE_LIVE if on_cpu else GPU_CHUNK_BESIDE_LIVE
+
+
+def sits_out_live_steps(settings: Settings, on_cpu: bool) -> bool:
+    if settings.batch_sits_out_live_steps is not None:
+        return settings.batch_sits_out_live_steps
+    return on_cpu
 
 
 def live_needs(
@@ -112,9 +132,11 @@ def prefill_threshold(
 class _LiveFirst:
     vllm_config: Any
     scheduler_config: Any
+    kv_cache_manager: Any
     running: list[Any]
     waiting: Any
     max_num_running_reqs: int
+    max_num_active_reqs: int
     policy: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -124,11 +146,16 @@ class _LiveFirst:
         self._operator_threshold = int(self.scheduler_config.long_prefill_token_threshold or 0)
         additional_config = self.vllm_config.additional_config or {}
         settings = Settings.load(additional_config=additional_config)
-        self._chunk = chunk_beside_live(settings, current_platform.is_cpu())
+        on_cpu = current_platform.is_cpu()
+        self._chunk = chunk_beside_live(settings, on_cpu)
+        self._sits_out = sits_out_live_steps(settings, on_cpu)
         self.clock: Callable[[], float] = time.monotonic
         self._live_seen = -math.inf
+        self._batch_stepped = self.clock()
         logger.info(
-            "live requests first: batch prefills advance %d tokens per step beside live requests",
+            "live requests first: batch prefills %s, and advance %d tokens per step while live "
+            "traffic is recent",
+            "sit out steps with live requests" if self._sits_out else "share live requests' steps",
             self._chunk,
         )
 
@@ -147,7 +174,38 @@ class _LiveFirst:
                 self._operator_threshold,
                 self._chunk,
             )
+            if needs and batch and self._may_sit_out(now, slots):
+                return self._live_step(len(needs), *args, **kwargs)
+            self._batch_stepped = now
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
+
+    def _may_sit_out(self, now: float, slots: int) -> bool:
+        """Whether the batch requests sit out this step, which has live requests to schedule.
+        Not when no live request could run in it (none running, no free place for those
+        waiting: only a batch request's end makes room), nor once they have sat out
+        `BATCH_SITS_OUT_AT_MOST_S`, nor while the KV cache is nearly full."""
+        return (
+            self._sits_out
+            and (slots > 0 or any(_is_live(request) for request in self.running))
+            and now - self._batch_stepped < BATCH_SITS_OUT_AT_MOST_S
+            and self.kv_cache_manager.usage < SITS_OUT_BELOW_KV_USAGE
+        )
+
+    def _live_step(self, live_requests: int, *args: Any, **kwargs: Any) -> Any:
+        """One step of the live requests alone: vLLM's `schedule()` sees only the live running
+        requests and admits no more than the live ones waiting (the priority queue holds them
+        first), within the places the hidden batch requests leave; then the batch requests are
+        running again, behind the live ones (vLLM leaves a running request out of a step when
+        the budget runs out, and the model runner keeps its state)."""
+        held = [request for request in self.running if not _is_live(request)]
+        self.running = [request for request in self.running if _is_live(request)]
+        admission = self.max_num_active_reqs
+        self.max_num_active_reqs = min(live_requests, admission - len(held))
+        try:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.running.extend(held)
+            self.max_num_active_reqs = admission
 
 
 class LiveFirstScheduler(_LiveFirst, Scheduler):
