@@ -240,3 +240,26 @@ def test_the_pending_cap_holds(console_node, admin):
             break
         accepted += 1
     assert waiting + accepted == PENDING_CAP
+
+
+@pytest.mark.parametrize(
+    ("path", "known"),
+    [
+        ("/v1/admin/applications", {"status": "all", "limit": "5"}),
+        ("/v1/admin/keys", {"state": "active"}),
+        ("/v1/admin/usage", {"format": "json", "model": "m"}),
+        ("/v1/admin/audit", {"limit": "5", "action": "create"}),
+    ],
+)
+def test_a_query_parameter_the_route_does_not_read_is_refused(admin, path, known):
+    assert admin.get(path, params=known).status_code == 200
+    # A misspelt filter would otherwise answer the unfiltered list.
+    misspelt = admin.get(path, params={**known, "staus": "all"})
+    assert misspelt.status_code == 400, misspelt.text
+    error = misspelt.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_request", "staus")
+    assert "Unknown query parameter 'staus'" in error["message"]
+    assert all(name in error["message"] for name in known)
+    # An unknown name is cut as any echoed value is.
+    long = admin.get(path, params={"x" * 5000: "1"})
+    assert long.status_code == 400 and len(long.content) < 1000

@@ -4,12 +4,24 @@ naming the parameter. API server process."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
-from ...errors import InvalidRequest
+from ...errors import InvalidRequest, echoed
 
 _PERIOD = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
 TEXT_MAX = 200
+
+
+def only(params: Mapping[str, str], names: Collection[str]) -> None:
+    """A 400 for a query parameter the route does not read, as for an unknown body field: a
+    misspelt filter (`?staus=all`) would otherwise answer as if it were not there."""
+    for name in params:
+        if name not in names:
+            known = ", ".join(sorted(names)) or "none"
+            raise InvalidRequest(
+                f"Unknown query parameter '{echoed(name)}' (this route reads: {known}).",
+                param=echoed(name),
+            )
 
 
 def choice(params: Mapping[str, str], name: str, options: Sequence[str]) -> str | None:

@@ -52,6 +52,7 @@ class AdminReports:
         return self.storage
 
     async def usage(self, params: Mapping[str, str]) -> dict[str, Any] | Response:
+        queries.only(params, ("period", "format", "account_id", "key_id", "model", "workload"))
         now = self.clock()
         period = queries.period(params, month_of(now))
         form = queries.choice(params, "format", ("json", "csv")) or "json"
@@ -105,6 +106,9 @@ class AdminReports:
         ).model_dump()
 
     async def audit(self, params: Mapping[str, str]) -> dict[str, Any]:
+        queries.only(
+            params, ("limit", "since", "before", "account_id", "key_id", "actor", "action")
+        )
         limit = queries.integer(params, "limit", 1, 500) or 100
         since = queries.integer(params, "since", 0, EPOCH_MAX)
         account_ref = queries.text(params, "account_id")

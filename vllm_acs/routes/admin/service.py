@@ -107,6 +107,7 @@ class AdminService:
 
     # Applications
     async def applications(self, params: Mapping[str, str]) -> dict[str, Any]:
+        queries.only(params, ("status", "limit"))
         status = queries.choice(params, "status", (*STATUSES, "all")) or "pending"
         limit = queries.integer(params, "limit", 1, 500) or 100
         found = await self._services[0].list(None if status == "all" else status, limit)
@@ -179,6 +180,7 @@ class AdminService:
         ]
 
     async def keys(self, params: Mapping[str, str]) -> dict[str, Any]:
+        queries.only(params, ("state", "account_id"))
         state = queries.choice(params, "state", KEY_STATES)
         ref = queries.text(params, "account_id")
         account = None if ref is None else (await self._account(ref)).id
