@@ -1,5 +1,5 @@
-"""The admin routes' query parameters, read with their bounds: a value outside them is a 400
-naming the parameter. API server process."""
+"""The admin routes' query parameters, read with their bounds: a value outside them, or a
+parameter the route does not read, is a 400 naming the parameter. API server process."""
 
 from __future__ import annotations
 
